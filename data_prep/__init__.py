@@ -1,0 +1,1 @@
+"""Raw review dumps -> one store -> evaluation tasks + ground truth -> training pairs."""

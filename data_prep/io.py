@@ -1,0 +1,53 @@
+"""Streaming, gzip-aware line reading with line numbers and byte progress, and file hashing."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+class LineReader:
+    """Iterates ``(line_number, raw_bytes)`` over a plain or gzip file, one line in memory at a time.
+
+    ``position`` is the offset in the file on disk (compressed bytes for gzip), for progress bars.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._raw: BinaryIO = open(self.path, "rb")
+        stream: BinaryIO = self._raw
+        if is_gzip(self.path):
+            stream = gzip.GzipFile(fileobj=self._raw)  # type: ignore[assignment]
+        self._lines = io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
+
+    @property
+    def position(self) -> int:
+        return self._raw.tell()
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        for number, line in enumerate(self._lines, start=1):
+            yield number, line.rstrip(b"\r\n")
+
+    def close(self) -> None:
+        self._lines.close()
+        self._raw.close()
+
+    def __enter__(self) -> LineReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

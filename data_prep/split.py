@@ -1,0 +1,203 @@
+"""Write evaluation tasks (official AgentSociety layout) with real held-out reviews as ground truth.
+
+    # each user's latest review is the target, for users with >= 3 older reviews; 200 tasks
+    python -m data_prep.split --data runs/data/yelp --out runs/tasks/yelp \\
+        --strategy leave-last-out --min-history 3 --max-tasks 200 --seed 0
+    # every review on or after a date is a target (first per user-item pair)
+    python -m data_prep.split --data runs/data/yelp --out runs/tasks/yelp_2019 \\
+        --strategy temporal --cutoff 2019-01-01 --min-history 3 --seed 0
+    # official task folders: keep their (user, item) pairs, take the targets from the store
+    python -m data_prep.split --data data/yelp --out runs/tasks/official --import-official example/track1/yelp
+
+Besides tasks/ and groundtruth/, writes ``targets.jsonl`` (each task's review_id and time, which is
+what "strictly older than the target" means for retrieval and training pairs) and ``manifest.json``
+(strategy, seed, counts, the hash of the source data, the command).
+
+The official example ground truth is written by an LLM, not by the users: an import never copies it.
+Deterministic: the same store, options and seed give the same tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+from data_prep.provenance import provenance
+from data_prep.schema import format_utc
+from data_prep.store import ReviewStore
+from data_prep.tasks import read_tasks, write_tasks
+
+# A candidate target with the number of the user's reviews strictly older than it on other items.
+_HISTORY = """
+    (SELECT COUNT(*) FROM reviews h
+      WHERE h.user_id = t.user_id AND h.ts < t.ts AND h.item_id != t.item_id) AS history
+"""
+
+LEAVE_LAST_OUT = f"""
+WITH last AS (
+    SELECT review_id, user_id, item_id, ts, stars, data,
+           ROW_NUMBER() OVER (PARTITION BY user_id ORDER BY ts DESC, review_id DESC) AS rn
+    FROM reviews)
+SELECT t.review_id, t.user_id, t.item_id, t.ts, t.stars, t.data, {_HISTORY}
+FROM last t WHERE t.rn = 1
+"""
+
+TEMPORAL = """
+WITH firsts AS (
+    SELECT review_id, user_id, item_id, ts, stars, data,
+           ROW_NUMBER() OVER (PARTITION BY user_id, item_id ORDER BY ts, review_id) AS rn
+    FROM reviews WHERE ts >= :cutoff)
+SELECT t.review_id, t.user_id, t.item_id, t.ts, t.stars, t.data,
+    (SELECT COUNT(*) FROM reviews h WHERE h.user_id = t.user_id AND h.ts < :cutoff) AS history
+FROM firsts t WHERE t.rn = 1
+"""
+
+
+def _target(row) -> dict:
+    review_id, user_id, item_id, ts, stars, data, history = row
+    return {
+        "review_id": review_id,
+        "user_id": user_id,
+        "item_id": item_id,
+        "ts": ts,
+        "stars": stars,
+        "text": json.loads(data)["text"],
+        "history": history,
+    }
+
+
+def candidates(store: ReviewStore, strategy: str, cutoff: int | None) -> list[dict]:
+    if strategy == "leave-last-out":
+        rows = store.conn.execute(LEAVE_LAST_OUT)
+    else:
+        rows = store.conn.execute(TEMPORAL, {"cutoff": cutoff})
+    return sorted((_target(r) for r in rows), key=lambda t: (t["user_id"], t["item_id"], t["review_id"]))
+
+
+def choose(targets: list[dict], max_tasks: int | None, seed: int) -> list[dict]:
+    """A seeded shuffle, so any prefix of the tasks (an evaluator's --limit) is a random sample."""
+    chosen = list(targets)
+    random.Random(seed).shuffle(chosen)
+    return chosen[:max_tasks] if max_tasks else chosen
+
+
+def import_official(store: ReviewStore, official_dir: Path) -> tuple[list[dict], list[dict]]:
+    """Targets for an official task folder: the latest real review of each (user, item) in the store."""
+    matched, unmatched = [], []
+    for task in read_tasks(official_dir):
+        reviews = store.get_reviews(user_id=task["user_id"], item_id=task["item_id"])
+        if not reviews:
+            unmatched.append(
+                {
+                    "task_file": f"task_{task['task_id']}.json",
+                    "user_id": task["user_id"],
+                    "item_id": task["item_id"],
+                }
+            )
+            continue
+        row = store.conn.execute(
+            "SELECT review_id, user_id, item_id, ts, stars, data, 0 FROM reviews WHERE review_id = ?",
+            (reviews[-1]["review_id"],),
+        ).fetchone()
+        matched.append(_target(row))
+    return matched, unmatched
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", required=True, type=Path, help="a build folder (python -m data_prep.build)")
+    parser.add_argument("--out", required=True, type=Path, help="the task folder to write")
+    parser.add_argument("--strategy", choices=["leave-last-out", "temporal"], default="leave-last-out")
+    parser.add_argument("--min-history", type=int, default=1, help="older reviews a user needs (default 1)")
+    parser.add_argument("--cutoff", help="temporal: first date of the test period, e.g. 2019-01-01")
+    parser.add_argument("--max-tasks", type=int, help="sample at most this many tasks")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--import-official", type=Path, metavar="DIR", help="take the (user, item) pairs of DIR"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace the tasks already in --out")
+    args = parser.parse_args(argv)
+
+    if args.strategy == "temporal" and not args.cutoff and not args.import_official:
+        parser.error("--strategy temporal needs --cutoff")
+    if args.min_history < 0:
+        parser.error("--min-history must be >= 0")
+    if (args.out / "tasks").exists() and not args.overwrite:
+        sys.exit(f"error: {args.out} already holds tasks; use another --out or --overwrite")
+    if args.overwrite:
+        for sub in ("tasks", "groundtruth"):
+            for f in (args.out / sub).glob("*.json") if (args.out / sub).exists() else []:
+                f.unlink()
+
+    store = ReviewStore.open(args.data)
+    meta = store.meta()
+    counts: dict[str, int] = {
+        "reviews_in_store": store.conn.execute("SELECT COUNT(*) FROM reviews").fetchone()[0]
+    }
+    unmatched: list[dict] = []
+    if args.import_official:
+        chosen, unmatched = import_official(store, args.import_official)
+        counts.update(official_tasks=len(chosen) + len(unmatched), unmatched=len(unmatched))
+        if unmatched:
+            print(
+                f"warning: {len(unmatched)} official tasks have no review in the store; listed in manifest.json"
+            )
+        strategy = "import-official"
+    else:
+        cutoff = None
+        if args.cutoff:
+            from data_prep.store import to_epoch
+
+            cutoff = to_epoch(args.cutoff)
+        pool = candidates(store, args.strategy, cutoff)
+        eligible = [t for t in pool if t["history"] >= args.min_history]
+        chosen = choose(eligible, args.max_tasks, args.seed)
+        counts.update(
+            candidates=len(pool), eligible=len(eligible), too_little_history=len(pool) - len(eligible)
+        )
+        strategy = args.strategy
+    counts["tasks"] = len(chosen)
+    if not chosen:
+        sys.exit("error: no task qualifies; lower --min-history or move --cutoff")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_tasks(args.out, chosen)
+    with open(args.out / "targets.jsonl", "w") as f:
+        for i, t in enumerate(chosen):
+            row = {
+                "task_id": i,
+                "review_id": t["review_id"],
+                "user_id": t["user_id"],
+                "item_id": t["item_id"],
+                "ts": t["ts"],
+                "date": format_utc(t["ts"]),
+                "history": t["history"],
+            }
+            f.write(json.dumps(row) + "\n")
+    manifest = {
+        "strategy": strategy,
+        "seed": args.seed,
+        "min_history": args.min_history,
+        "cutoff": args.cutoff,
+        "max_tasks": args.max_tasks,
+        "counts": counts,
+        "data": {"dir": str(args.data), "source_sha256": meta.get("source_sha256")},
+        "official_dir": str(args.import_official) if args.import_official else None,
+        "official_groundtruth": "ignored: written by an LLM, not by the users"
+        if args.import_official
+        else None,
+        "unmatched": unmatched,
+        "provenance": provenance(),
+    }
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    print(f"{len(chosen)} tasks ({strategy}) -> {args.out}  counts: {counts}")
+    return manifest
+
+
+if __name__ == "__main__":
+    main()

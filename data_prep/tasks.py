@@ -1,0 +1,57 @@
+"""Evaluation tasks in the official AgentSociety layout.
+
+TASK_DIR/tasks/task_{i}.json              {"type": "user_behavior_simulation", "user_id", "item_id"}
+TASK_DIR/groundtruth/groundtruth_{i}.json {"stars", "review"}
+TASK_DIR/manifest.json                    how they were made (ours, not part of the official layout)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+TASK_TYPE = "user_behavior_simulation"
+_INDEX = re.compile(r"task_(\d+)\.json$")
+
+
+def task_files(task_dir: str | Path) -> list[tuple[int, Path]]:
+    """(index, path) of every task file, in index order. Accepts TASK_DIR or TASK_DIR/tasks."""
+    root = Path(task_dir)
+    folder = root / "tasks" if (root / "tasks").is_dir() else root
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _INDEX.search(p.name))]
+    if not found:
+        raise FileNotFoundError(f"no task_{{i}}.json files in {folder}")
+    return sorted(found)
+
+
+def read_tasks(task_dir: str | Path) -> list[dict]:
+    """Every task with its index as ``task_id``; an invalid task file is an error naming the file."""
+    tasks = []
+    for index, path in task_files(task_dir):
+        try:
+            task = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: not valid JSON ({err})") from None
+        missing = [k for k in ("user_id", "item_id") if not task.get(k)]
+        if missing:
+            raise ValueError(f"{path}: missing {', '.join(missing)}")
+        tasks.append({**task, "task_id": index})
+    return tasks
+
+
+def read_groundtruth(task_dir: str | Path, index: int) -> dict:
+    return json.loads((Path(task_dir) / "groundtruth" / f"groundtruth_{index}.json").read_text())
+
+
+def write_tasks(task_dir: Path, targets: list[dict]) -> None:
+    """targets: dicts with user_id, item_id, stars, text (the real held-out review)."""
+    (task_dir / "tasks").mkdir(parents=True, exist_ok=True)
+    (task_dir / "groundtruth").mkdir(parents=True, exist_ok=True)
+    for i, target in enumerate(targets):
+        task = {"type": TASK_TYPE, "user_id": target["user_id"], "item_id": target["item_id"]}
+        truth = {"stars": target["stars"], "review": target["text"]}
+        (task_dir / "tasks" / f"task_{i}.json").write_text(json.dumps(task, indent=2))
+        (task_dir / "groundtruth" / f"groundtruth_{i}.json").write_text(
+            json.dumps(truth, indent=2, ensure_ascii=False)
+        )
