@@ -326,9 +326,7 @@ class Builder:
                 bar.update(reader.position - bar.n)
             self.checkpoint(index + 1, 0)
         elapsed = time.perf_counter() - started
-        stats = self.store.finalize(
-            source=self.source.name, drop_users_without_reviews=bool(self.options.get("official_cities"))
-        )
+        stats = self.store.finalize(drop_users_without_reviews=bool(self.options.get("official_cities")))
         s = self.state
         assert s.reviews_read == s.reviews_kept + s.reviews_rejected + s.reviews_filtered, (
             "counts must reconcile"

@@ -119,7 +119,20 @@ class StoreWriter:
         self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     # -- end of build ----------------------------------------------------------------------------------
-    def finalize(self, *, source: str, drop_users_without_reviews: bool) -> dict[str, int]:
+    def _stubs(self, key: str, table: str) -> list[tuple[str, str]]:
+        """Minimal records ({id, source}, as the official processed layout has for Amazon users) for
+        ids that reviews reference but the dump did not describe; source is taken from a review."""
+        rows = self.conn.execute(
+            f"SELECT {key}, MIN(json_extract(data, '$.source')) FROM reviews "
+            f"WHERE {key} NOT IN (SELECT {key} FROM {table}) GROUP BY {key}"
+        ).fetchall()
+        self.conn.executemany(
+            f"INSERT INTO {table} VALUES (?, ?)",
+            ((i, orjson.dumps({key: i, "source": source})) for i, source in rows),
+        )
+        return rows
+
+    def finalize(self, *, drop_users_without_reviews: bool) -> dict[str, int]:
         """Index, fill in stub users/items that reviews reference but the dump did not describe, and
         return what was done. Idempotent."""
         c = self.conn
@@ -130,20 +143,8 @@ class StoreWriter:
             stats["users_dropped_without_reviews"] = c.execute(
                 "DELETE FROM users WHERE user_id NOT IN (SELECT user_id FROM reviews)"
             ).rowcount
-        stub_users = c.execute(
-            "SELECT DISTINCT user_id FROM reviews WHERE user_id NOT IN (SELECT user_id FROM users)"
-        ).fetchall()
-        c.executemany(
-            "INSERT INTO users VALUES (?, ?)",
-            ((u, orjson.dumps({"user_id": u, "source": source})) for (u,) in stub_users),
-        )
-        stub_items = c.execute(
-            "SELECT DISTINCT item_id FROM reviews WHERE item_id NOT IN (SELECT item_id FROM items)"
-        ).fetchall()
-        c.executemany(
-            "INSERT INTO items VALUES (?, ?)",
-            ((i, orjson.dumps({"item_id": i, "source": source})) for (i,) in stub_items),
-        )
+        stub_users = self._stubs("user_id", "users")
+        stub_items = self._stubs("item_id", "items")
         c.execute("DELETE FROM keep")
         stats["users_without_profile"] = len(stub_users)
         stats["items_without_metadata"] = len(stub_items)

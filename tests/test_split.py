@@ -1,0 +1,117 @@
+import json
+
+import pytest
+from conftest import write_lines
+
+from data_prep import build, split
+from data_prep.store import ReviewStore
+from data_prep.tasks import read_groundtruth, read_tasks
+
+
+@pytest.fixture(scope="module")
+def yelp(raw, tmp_path_factory):
+    out = tmp_path_factory.mktemp("yelp")
+    build.main(["--source", "asc", "--input", str(raw / "yelp_asc_sample"), "--out", str(out)])
+    return out
+
+
+def make_split(data, out, *extra) -> dict:
+    return split.main(["--data", str(data), "--out", str(out), *map(str, extra)])
+
+
+def task_pairs(task_dir) -> list[tuple[str, str]]:
+    return [(t["user_id"], t["item_id"]) for t in read_tasks(task_dir)]
+
+
+def test_leave_last_out_targets_are_real_latest_reviews(yelp, tmp_path):
+    manifest = make_split(
+        yelp, tmp_path, "--strategy", "leave-last-out", "--min-history", 3, "--max-tasks", 40
+    )
+    assert manifest["counts"]["tasks"] == 40 and manifest["data"]["source_sha256"]
+    store = ReviewStore(yelp)  # unblocked: sees everything
+    targets = [json.loads(line) for line in (tmp_path / "targets.jsonl").read_text().splitlines()]
+    for task, target in zip(read_tasks(tmp_path), targets, strict=True):
+        assert json.loads((tmp_path / "tasks" / f"task_{task['task_id']}.json").read_text()) == {
+            "type": "user_behavior_simulation",
+            "user_id": task["user_id"],
+            "item_id": task["item_id"],
+        }
+        history = store.get_reviews(user_id=task["user_id"])
+        assert history[-1]["review_id"] == target["review_id"]  # the user's latest review
+        truth = read_groundtruth(tmp_path, task["task_id"])
+        assert truth == {"stars": history[-1]["stars"], "review": history[-1]["text"]}
+        older = [r for r in history if r["date"] < history[-1]["date"] and r["item_id"] != task["item_id"]]
+        assert len(older) >= 3
+
+
+def test_split_is_deterministic_under_a_seed(yelp, tmp_path):
+    a = make_split(yelp, tmp_path / "a", "--min-history", 2, "--max-tasks", 30, "--seed", 7)
+    b = make_split(yelp, tmp_path / "b", "--min-history", 2, "--max-tasks", 30, "--seed", 7)
+    c = make_split(yelp, tmp_path / "c", "--min-history", 2, "--max-tasks", 30, "--seed", 8)
+    assert task_pairs(tmp_path / "a") == task_pairs(tmp_path / "b") != task_pairs(tmp_path / "c")
+    assert a["counts"] == b["counts"] == c["counts"]
+    with pytest.raises(SystemExit, match="already holds tasks"):
+        make_split(yelp, tmp_path / "a", "--min-history", 2)
+
+
+def test_block_set_hides_every_task_target(yelp, tmp_path):
+    make_split(yelp, tmp_path, "--min-history", 1)
+    blocked = ReviewStore.open(yelp, tasks=tmp_path)
+    everything = ReviewStore(yelp)
+    targets = [json.loads(line) for line in (tmp_path / "targets.jsonl").read_text().splitlines()]
+    assert blocked.blocked == len(targets) > 100
+    for t in targets:
+        assert everything.get_reviews(review_id=t["review_id"])  # it exists...
+        assert blocked.get_reviews(review_id=t["review_id"]) == []  # ...but prediction cannot see it
+        assert t["review_id"] not in {r["review_id"] for r in blocked.get_reviews(user_id=t["user_id"])}
+        assert t["review_id"] not in {r["review_id"] for r in blocked.get_reviews(item_id=t["item_id"])}
+    # other reviews stay visible, and before= keeps only strictly older ones
+    t = targets[0]
+    visible = blocked.get_reviews(user_id=t["user_id"], before=t["date"])
+    assert visible and all(r["date"] < t["date"] for r in visible)
+
+
+def test_temporal_split(yelp, tmp_path):
+    manifest = make_split(
+        yelp, tmp_path, "--strategy", "temporal", "--cutoff", "2018-01-01", "--min-history", 1
+    )
+    store = ReviewStore(yelp)
+    for task in read_tasks(tmp_path):
+        truth = read_groundtruth(tmp_path, task["task_id"])
+        pair = store.get_reviews(user_id=task["user_id"], item_id=task["item_id"])
+        first_after = next(r for r in pair if r["date"] >= "2018-01-01")
+        assert truth["review"] == first_after["text"]
+        assert store.get_reviews(user_id=task["user_id"], before="2018-01-01")
+    assert manifest["counts"]["tasks"] == manifest["counts"]["eligible"] > 0
+
+
+def test_import_official_takes_targets_from_the_store(yelp, tmp_path):
+    official = tmp_path / "official"
+    store = ReviewStore(yelp)
+    real = store.conn.execute("SELECT user_id, item_id FROM reviews ORDER BY review_id LIMIT 2").fetchall()
+    for i, (user, item) in enumerate([*real, ("ghost", "nowhere")]):
+        write_lines(
+            official / "tasks" / f"task_{i}.json",
+            [{"type": "user_behavior_simulation", "user_id": user, "item_id": item}],
+        )
+        write_lines(
+            official / "groundtruth" / f"groundtruth_{i}.json", [{"stars": 3, "review": "LLM-written"}]
+        )
+    manifest = make_split(yelp, tmp_path / "out", "--import-official", official)
+    assert manifest["counts"]["tasks"] == 2 and manifest["counts"]["unmatched"] == 1
+    assert manifest["unmatched"][0]["user_id"] == "ghost"
+    for task in read_tasks(tmp_path / "out"):
+        truth = read_groundtruth(tmp_path / "out", task["task_id"])
+        assert truth["review"] != "LLM-written"
+        assert (
+            truth["review"] == store.get_reviews(user_id=task["user_id"], item_id=task["item_id"])[-1]["text"]
+        )
+
+
+def test_bad_split_requests_fail_clearly(yelp, tmp_path):
+    with pytest.raises(SystemExit, match="no task qualifies"):
+        make_split(yelp, tmp_path / "a", "--min-history", 10_000)
+    with pytest.raises(SystemExit):
+        make_split(yelp, tmp_path / "b", "--strategy", "temporal")
+    with pytest.raises(FileNotFoundError, match="no review store"):
+        make_split(tmp_path / "missing", tmp_path / "c")
