@@ -33,7 +33,7 @@ format: $(STAMP)
 
 # The main job end to end on the embedded default sample.
 demo: $(STAMP)
-	$(PY) -m data_prep.demo --shared $(SHARED) --out $(DEMO)
+	$(PY) demo.py --shared $(SHARED) --out $(DEMO)
 
 bench: $(STAMP)
 	$(PY) -m bench.build_bench --out runs/bench

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,15 +121,71 @@ def fingerprint(source: str, plan: list[tuple[str, Path]], options: dict) -> dic
     }
 
 
-class Builder:
-    def __init__(self, source: Source, out: Path, plan, options: dict, batch_size: int):
-        self.source, self.out, self.plan, self.options, self.batch_size = (
-            source,
-            out,
-            plan,
-            options,
-            batch_size,
+def parse_line(raw: bytes) -> dict:
+    if not raw.strip():
+        raise Reject("empty_line")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Reject("invalid_utf8") from None
+        raise Reject("malformed_json") from None
+    if not isinstance(obj, dict):
+        raise Reject("not_a_json_object")
+    return obj
+
+
+@dataclass
+class ParsedReviews:
+    """One batch of review lines, mapped and validated; positions index into the batch."""
+
+    rows: list[tuple] = field(default_factory=list)  # (review_id, user_id, item_id, ts, stars, json)
+    positions: list[int] = field(default_factory=list)
+    rejects: list[tuple[int, str]] = field(default_factory=list)
+    filtered: list[str] = field(default_factory=list)
+
+
+def parse_reviews(source_name: str, category: str, raws: list[bytes]) -> ParsedReviews:
+    """Pure (no store access), so it runs in a worker process while the main one writes."""
+    source, out = SOURCES[source_name], ParsedReviews()
+    for position, raw in enumerate(raws):
+        try:
+            record, ts = source.review(parse_line(raw), category)
+            check_review(record)
+        except Filtered as why:
+            out.filtered.append(why.reason)
+            continue
+        except Reject as why:
+            out.rejects.append((position, why.reason))
+            continue
+        record["date"] = format_utc(ts)
+        out.rows.append(
+            (
+                record["review_id"],
+                record["user_id"],
+                record["item_id"],
+                ts,
+                float(record["stars"]),
+                orjson.dumps(record),
+            )
         )
+        out.positions.append(position)
+    return out
+
+
+def _run_now(fn, *args) -> Future:
+    """Executor.submit's shape, run in this process (--workers 0)."""
+    future: Future = Future()
+    future.set_result(fn(*args))
+    return future
+
+
+class Builder:
+    def __init__(self, source: Source, out: Path, plan, options: dict, batch_size: int, workers: int):
+        self.source, self.out, self.plan, self.options = source, out, plan, options
+        self.batch_size, self.workers = batch_size, workers
         self.store = StoreWriter(out / STORE_FILE)
         self.state = Progress.load(self.store.get_meta("progress"))
         self.rejects = open(out / "rejects.jsonl", "ab")
@@ -161,54 +219,27 @@ class Builder:
         self.store.commit()
 
     # -- parsing ---------------------------------------------------------------------------------------
-    def parse(self, path: Path, batch: list[tuple[int, bytes]], *, review: bool):
-        """Yield (line, raw, object) for each line that is a JSON object; reject the rest."""
+    def parse(self, path: Path, batch: list[tuple[int, bytes]]):
+        """Yield (line, raw, object) for each line that is a JSON object; reject the rest (items, users)."""
         for line, raw in batch:
-            if review:
-                self.state.reviews_read += 1
-            if not raw.strip():
-                self.reject(path, line, "empty_line", raw, review=review)
-                continue
             try:
-                obj = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                try:
-                    raw.decode("utf-8")
-                    reason = "malformed_json"
-                except UnicodeDecodeError:
-                    reason = "invalid_utf8"
-                self.reject(path, line, reason, raw, review=review)
-                continue
-            if not isinstance(obj, dict):
-                self.reject(path, line, "not_a_json_object", raw, review=review)
-                continue
-            yield line, raw, obj
+                yield line, raw, parse_line(raw)
+            except Reject as why:
+                self.reject(path, line, why.reason, raw, review=False)
 
     # -- roles -----------------------------------------------------------------------------------------
-    def reviews(self, path: Path, batch: list[tuple[int, bytes]]) -> None:
-        category = category_of(self.source, path)
-        kept: list[tuple[int, bytes, dict, int]] = []
-        for line, raw, obj in self.parse(path, batch, review=True):
-            try:
-                record, ts = self.source.review(obj, category)
-                check_review(record)
-            except Filtered as why:
-                self.state.reviews_filtered += 1
-                self.state.reasons[why.reason] += 1
-                continue
-            except Reject as why:
-                self.reject(path, line, why.reason, raw, review=True)
-                continue
-            record["date"] = format_utc(ts)
-            kept.append((line, raw, record, ts))
-        kept = self.apply_filters(kept)
-        rows = [
-            (r["review_id"], r["user_id"], r["item_id"], ts, float(r["stars"]), orjson.dumps(r))
-            for _, _, r, ts in kept
-        ]
-        duplicates = set(self.store.insert_unique("reviews", rows)) if rows else set()
-        for index in sorted(duplicates):
-            line, raw, _, _ = kept[index]
+    def reviews(self, path: Path, batch: list[tuple[int, bytes]], parsed: ParsedReviews) -> None:
+        """Store one batch that parse_reviews has mapped: filters, duplicates, counts, rejects."""
+        self.state.reviews_read += len(batch)
+        for position, reason in parsed.rejects:
+            self.reject(path, batch[position][0], reason, batch[position][1], review=True)
+        for reason in parsed.filtered:
+            self.state.reviews_filtered += 1
+            self.state.reasons[reason] += 1
+        rows, positions = self.apply_filters(parsed.rows, parsed.positions)
+        duplicates = self.store.insert_unique("reviews", rows) if rows else []
+        for index in duplicates:
+            line, raw = batch[positions[index]]
             if self.source.name == "amazon2018":  # the same review copied onto another variant ASIN
                 self.state.reviews_filtered += 1
                 self.state.reasons["duplicate_variant"] += 1
@@ -216,31 +247,33 @@ class Builder:
                 self.reject(path, line, "duplicate_review_id", raw, review=True)
         self.state.reviews_kept += len(rows) - len(duplicates)
 
-    def apply_filters(self, kept: list) -> list:
+    def apply_filters(self, rows: list[tuple], positions: list[int]) -> tuple[list[tuple], list[int]]:
+        """Drop (and count) rows that the city filter or the 5-core filter leaves out."""
         rules = []
         if self.options.get("official_cities"):
-            items = self.store.keep_contains("yelp_business", [r["item_id"] for _, _, r, _ in kept])
-            rules.append(("city_filter", lambda r: r["item_id"] in items))
+            cities = self.store.keep_contains("yelp_business", [row[2] for row in rows])
+            rules.append(("city_filter", lambda row: row[2] in cities))
         if self.five_core:
-            users = self.store.keep_contains("five_core_user", [r["user_id"] for _, _, r, _ in kept])
-            items5 = self.store.keep_contains("five_core_item", [r["item_id"] for _, _, r, _ in kept])
-            rules.append(("not_in_5core", lambda r: r["user_id"] in users and r["item_id"] in items5))
+            users = self.store.keep_contains("five_core_user", [row[1] for row in rows])
+            items = self.store.keep_contains("five_core_item", [row[2] for row in rows])
+            rules.append(("not_in_5core", lambda row: row[1] in users and row[2] in items))
         if not rules:
-            return kept
-        passed = []
-        for entry in kept:
-            failed = next((reason for reason, ok in rules if not ok(entry[2])), None)
+            return rows, positions
+        kept_rows, kept_positions = [], []
+        for row, position in zip(rows, positions, strict=True):
+            failed = next((reason for reason, ok in rules if not ok(row)), None)
             if failed:
                 self.state.reviews_filtered += 1
                 self.state.reasons[failed] += 1
             else:
-                passed.append(entry)
-        return passed
+                kept_rows.append(row)
+                kept_positions.append(position)
+        return kept_rows, kept_positions
 
     def items(self, path: Path, batch: list[tuple[int, bytes]]) -> None:
         category = category_of(self.source, path)
         rows, raws = [], []
-        for line, raw, obj in self.parse(path, batch, review=False):
+        for line, raw, obj in self.parse(path, batch):
             try:
                 record = self.source.item(obj, category)
                 item_id = require_str(record, "item_id")
@@ -259,7 +292,7 @@ class Builder:
 
     def users(self, path: Path, batch: list[tuple[int, bytes]]) -> None:
         rows, raws = [], []
-        for line, raw, obj in self.parse(path, batch, review=False):
+        for line, raw, obj in self.parse(path, batch):
             try:
                 record = self.source.user(obj, "")
                 user_id = require_str(record, "user_id")
@@ -287,44 +320,67 @@ class Builder:
         self.store.keep_add("five_core_item", items)
 
     # -- driver ----------------------------------------------------------------------------------------
+    def finish(self, index: int, role: str, path: Path, batch: list, parsed: Future | None) -> None:
+        """Store one batch and commit it together with the position after it."""
+        if role == "review":
+            self.reviews(path, batch, parsed.result())
+        else:
+            {"item": self.items, "user": self.users, "ratings": self.ratings}[role](path, batch)
+        self.checkpoint(index, batch[-1][0])
+
+    def show(self, bar: tqdm, reader: LineReader) -> None:
+        bar.update(reader.position - bar.n)
+        bar.set_postfix(kept=f"{self.state.reviews_kept:,}", rejected=self.state.reviews_rejected)
+
+    def batches(self, reader: LineReader, skip: int):
+        batch: list[tuple[int, bytes]] = []
+        for number, raw in reader:
+            if number > skip:
+                batch.append((number, raw))
+                if len(batch) == self.batch_size:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch
+
     def run(self) -> dict:
-        handlers = {"review": self.reviews, "item": self.items, "user": self.users, "ratings": self.ratings}
         self.five_core = any(role == "ratings" for role, _ in self.plan)
         started = time.perf_counter()
         resumed_at = self.state.reviews_read
-        for index, (role, path) in enumerate(self.plan):
-            if index < self.state.file_index:
-                continue
-            skip = self.state.line if index == self.state.file_index else 0
-            if skip:
-                print(f"resuming {path.name} after line {skip:,}")
-            handle = handlers[role]
-            with (
-                LineReader(path) as reader,
-                tqdm(
-                    total=path.stat().st_size, unit="B", unit_scale=True, desc=f"{role:7s} {path.name}"
-                ) as bar,
-            ):
-                batch: list[tuple[int, bytes]] = []
-                last = skip
-                for number, raw in reader:
-                    if number <= skip:
-                        continue
-                    batch.append((number, raw))
-                    if len(batch) == self.batch_size:
-                        handle(path, batch)
-                        last = number
-                        self.checkpoint(index, last)
-                        bar.update(reader.position - bar.n)
-                        bar.set_postfix(
-                            kept=f"{self.state.reviews_kept:,}", rejected=self.state.reviews_rejected
-                        )
-                        batch = []
-                if batch:
-                    handle(path, batch)
-                    last = batch[-1][0]
-                bar.update(reader.position - bar.n)
-            self.checkpoint(index + 1, 0)
+        # Review lines are parsed in worker processes while this one writes; results are taken in
+        # input order, with a bounded number in flight, so memory stays flat and checkpoints exact.
+        pool = ProcessPoolExecutor(self.workers) if self.workers else None
+        submit = pool.submit if pool else _run_now
+        try:
+            for index, (role, path) in enumerate(self.plan):
+                if index < self.state.file_index:
+                    continue
+                skip = self.state.line if index == self.state.file_index else 0
+                if skip:
+                    print(f"resuming {path.name} after line {skip:,}")
+                category = category_of(self.source, path)
+                size = path.stat().st_size
+                with (
+                    LineReader(path) as reader,
+                    tqdm(total=size, unit="B", unit_scale=True, desc=f"{role:7s} {path.name}") as bar,
+                ):
+                    in_flight: deque = deque()
+                    for batch in self.batches(reader, skip):
+                        if role == "review":
+                            raws = [raw for _, raw in batch]
+                            in_flight.append((batch, submit(parse_reviews, self.source.name, category, raws)))
+                        else:
+                            in_flight.append((batch, None))
+                        while len(in_flight) > 2 * self.workers:
+                            self.finish(index, role, path, *in_flight.popleft())
+                            self.show(bar, reader)
+                    while in_flight:
+                        self.finish(index, role, path, *in_flight.popleft())
+                    self.show(bar, reader)
+                self.checkpoint(index + 1, 0)
+        finally:
+            if pool:
+                pool.shutdown(cancel_futures=True)
         elapsed = time.perf_counter() - started
         stats = self.store.finalize(drop_users_without_reviews=bool(self.options.get("official_cities")))
         s = self.state
@@ -367,6 +423,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a build of other inputs in --out")
     parser.add_argument("--batch-size", type=int, default=5000)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(2, os.cpu_count() or 1) - 1,
+        help="parser processes (0: parse here)",
+    )
     args = parser.parse_args(argv)
 
     source = SOURCES[args.source]
@@ -403,7 +465,7 @@ def main(argv: list[str] | None = None) -> dict:
             return orjson.loads(report_path.read_bytes())
     out.mkdir(parents=True, exist_ok=True)
 
-    builder = Builder(source, out, plan, options, args.batch_size)
+    builder = Builder(source, out, plan, options, args.batch_size, args.workers)
     builder.store.set_meta("fingerprint", orjson.dumps(identity).decode())
     builder.store.commit()
     report = builder.run()

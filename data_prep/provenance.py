@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -43,7 +43,7 @@ def provenance(packages: list[str] = ()) -> dict:
     return {
         "command": shlex.join([Path(sys.executable).name, "-m", _module_name(), *sys.argv[1:]]),
         "git_commit": git_commit(),
-        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "python": sys.version.split()[0],
         "packages": package_versions(list(packages)),
     }

@@ -10,7 +10,8 @@ kept under its official name, so the official task files and agents work unchang
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+import time
+from datetime import UTC, datetime
 
 STAR_RANGE = (1.0, 5.0)
 
@@ -77,7 +78,7 @@ def check_review(record: dict) -> None:
 
 
 def format_utc(epoch_seconds: int) -> str:
-    return datetime.fromtimestamp(epoch_seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch_seconds))
 
 
 def parse_iso(value: object) -> int:
@@ -89,7 +90,7 @@ def parse_iso(value: object) -> int:
     except ValueError:
         raise Reject("bad_timestamp") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp())
 
 

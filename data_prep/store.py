@@ -69,7 +69,7 @@ class StoreWriter:
     def __init__(self, path: Path):
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.executescript(
-            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA cache_size=-262144;"
+            "PRAGMA page_size=16384; PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA cache_size=-262144;"
             "PRAGMA temp_store=MEMORY;" + SCHEMA
         )
         self.conn.execute("BEGIN")

@@ -264,11 +264,11 @@ def test_stopped_build_resumes_without_loss_or_duplicates(raw, tmp_path, monkeyp
     real = build.Builder.reviews
     calls = {"n": 0}
 
-    def dies_on_sixth_batch(self, path, batch):
+    def dies_on_sixth_batch(self, path, batch, parsed):
         calls["n"] += 1
         if calls["n"] == 6:
             raise KeyboardInterrupt  # as if the job were killed mid-file
-        return real(self, path, batch)
+        return real(self, path, batch, parsed)
 
     monkeypatch.setattr(build.Builder, "reviews", dies_on_sixth_batch)
     with pytest.raises(KeyboardInterrupt):

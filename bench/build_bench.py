@@ -1,0 +1,146 @@
+"""Benchmark: build throughput, peak memory and lookup latency of the review store, side by side with a
+re-creation of the official load-everything-into-dicts approach, in one run.
+
+    python -m bench.build_bench --out runs/bench                      # 200k and 2M reviews (~5 min)
+    python -m bench.build_bench --out runs/bench --sizes 200000       # quick
+
+Each measurement runs in its own process, so peak RSS (from wait4) is that step's alone. Dumps are
+synthetic Yelp raw files (bench/synth_yelp.py), made once and reused; every build uses the official
+three-city filter, as the official pipeline does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.synth_yelp import generate
+
+
+def measure(cmd: list[str]) -> dict:
+    """Run cmd; return wall seconds, peak RSS in MB and its stdout's last line parsed as JSON if it is."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    stdout = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - started
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"failed: {' '.join(cmd)}")
+    last = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    parsed = json.loads(last) if last.startswith("{") else {}
+    return {"wall_seconds": round(seconds, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024), **parsed}
+
+
+def lookup_latency(store_dir: str, lookups: int) -> None:
+    """(Runs in a child process.) Median/p99 of get_reviews(user_id=...) over random users."""
+    from data_prep.store import ReviewStore
+
+    store = ReviewStore(store_dir)
+    users = [u for (u,) in store.conn.execute("SELECT user_id FROM users ORDER BY user_id")]
+    sample = random.Random(0).choices(users, k=lookups)
+    times, found = [], 0
+    for user in sample:
+        t0 = time.perf_counter()
+        found += len(store.get_reviews(user_id=user))
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    print(
+        json.dumps(
+            {
+                "lookups": lookups,
+                "reviews_returned_mean": round(found / lookups, 1),
+                "lookup_median_ms": round(statistics.median(times) * 1e3, 4),
+                "lookup_p99_ms": round(times[int(0.99 * len(times))] * 1e3, 4),
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("runs/bench"))
+    parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 2_000_000])
+    parser.add_argument("--official-size", type=int, default=200_000)
+    parser.add_argument("--lookups", type=int, default=2000)
+    parser.add_argument("--lookup-store", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.lookup_store:
+        return lookup_latency(args.lookup_store, args.lookups)
+
+    py = sys.executable
+    results = {"machine": {"cpus": os.cpu_count()}, "ours": {}, "official": {}}
+    for size in sorted(set(args.sizes) | {args.official_size}):
+        dump = args.out / f"yelp_{size}"
+        if not (dump / "yelp_academic_dataset_review.json").exists():
+            generate(size, dump)
+        store = args.out / f"store_{size}"
+        shutil.rmtree(store, ignore_errors=True)
+        if size in args.sizes:
+            print(f"== ours, {size:,} reviews", flush=True)
+            run = measure(
+                [
+                    py,
+                    "-m",
+                    "data_prep.build",
+                    "--source",
+                    "yelp",
+                    "--official-cities",
+                    "--input",
+                    str(dump),
+                    "--out",
+                    str(store),
+                ]
+            )
+            report = json.loads((store / "report.json").read_text())
+            run["reviews_read"] = report["reviews_read"]
+            run["reviews_kept"] = report["reviews_kept"]
+            run["reviews_per_second"] = round(report["reviews_read"] / run["wall_seconds"])
+            lookup = measure(
+                [py, "-m", "bench.build_bench", "--lookup-store", str(store), "--lookups", str(args.lookups)]
+            )
+            run.update({k: v for k, v in lookup.items() if k.startswith(("lookup", "reviews_returned"))})
+            results["ours"][size] = run
+        if size == args.official_size:
+            print(f"== official re-creation, {size:,} reviews", flush=True)
+            work = args.out / f"official_{size}"
+            shutil.rmtree(work, ignore_errors=True)
+            run = measure(
+                [
+                    py,
+                    "-m",
+                    "bench.official_recreation",
+                    "--input",
+                    str(dump),
+                    "--work",
+                    str(work),
+                    "--lookups",
+                    str(args.lookups),
+                ]
+            )
+            run["reviews_per_second"] = round(size / run["wall_seconds"])
+            results["official"][size] = run
+            shutil.rmtree(work, ignore_errors=True)
+
+    size = args.official_size
+    if size in results["ours"]:
+        ours, official = results["ours"][size], results["official"][size]
+        results["ratios_at_official_size"] = {
+            "time_official_over_ours": round(official["wall_seconds"] / ours["wall_seconds"], 2),
+            "memory_official_over_ours": round(official["peak_rss_mb"] / ours["peak_rss_mb"], 2),
+        }
+    (args.out / "build_bench.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
