@@ -20,6 +20,16 @@ REPO = "hf://datasets/McAuley-Lab/Amazon-Reviews-2023/raw"
 
 
 def fetch(category: str, reviews: int, out: Path) -> list[Path]:
+    try:
+        return _fetch(category, reviews, out)
+    except Exception as err:  # network, auth, a renamed file: say what was tried and why it failed
+        raise SystemExit(
+            f"error: could not fetch Amazon Reviews 2023 {category} from {REPO} ({type(err).__name__}: {err}). "
+            "This needs access to the Hugging Face Hub; or place real data in ../shared/data/raw."
+        ) from err
+
+
+def _fetch(category: str, reviews: int, out: Path) -> list[Path]:
     from datasets import load_dataset  # imported here: the rest of data_prep does not need it
 
     out.mkdir(parents=True, exist_ok=True)

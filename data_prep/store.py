@@ -69,8 +69,8 @@ class StoreWriter:
     def __init__(self, path: Path):
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.executescript(
-            "PRAGMA page_size=16384; PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA cache_size=-262144;"
-            "PRAGMA temp_store=MEMORY;" + SCHEMA
+            "PRAGMA page_size=16384; PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA cache_size=-65536;"
+            + SCHEMA
         )
         self.conn.execute("BEGIN")
 

@@ -1,0 +1,68 @@
+import pytest
+from conftest import write_lines
+
+from data_prep import build
+from data_prep.io import LineReader
+from data_prep.store import ReviewStore
+
+REVIEWS = [
+    {
+        "review_id": f"r{i}",
+        "user_id": "u1",
+        "business_id": f"b{i % 2}",
+        "stars": float(1 + i % 5),
+        "text": f"visit {i}",
+        "date": f"2020-01-0{i + 1} 12:00:00",
+    }
+    for i in range(5)
+]
+
+
+@pytest.fixture
+def store(tmp_path):
+    path = write_lines(tmp_path / "yelp_academic_dataset_review.json.gz", REVIEWS)
+    build.main(["--source", "yelp", "--input", str(path), "--out", str(tmp_path / "data")])
+    return tmp_path / "data"
+
+
+def test_before_is_strict_and_accepts_dates_and_epochs(store):
+    s = ReviewStore(store)
+    assert [r["review_id"] for r in s.get_reviews(user_id="u1")] == ["r0", "r1", "r2", "r3", "r4"]
+    assert [r["review_id"] for r in s.get_reviews(user_id="u1", before="2020-01-03 12:00:00")] == ["r0", "r1"]
+    assert (
+        s.get_reviews(user_id="u1", before=1577880001)
+        == s.get_reviews(user_id="u1", before="2020-01-01 12:00:01")
+        != []
+    )
+    assert [r["review_id"] for r in s.get_reviews(item_id="b0", before="2020-01-05")] == ["r0", "r2"]
+
+
+def test_block_hides_the_whole_pair_and_nothing_else(store):
+    s = ReviewStore(store, block=[("u1", "b0")])
+    assert [r["review_id"] for r in s.get_reviews(user_id="u1")] == ["r1", "r3"]
+    assert s.get_reviews(item_id="b0") == [] and s.get_reviews(review_id="r2") == []
+    assert s.get_item("b0") == {"item_id": "b0", "source": "yelp"}  # items and users stay readable
+
+
+def test_get_reviews_needs_a_key_and_missing_store_is_clear(store, tmp_path):
+    with pytest.raises(ValueError, match="needs item_id, user_id or review_id"):
+        ReviewStore(store).get_reviews()
+    with pytest.raises(FileNotFoundError, match="no review store"):
+        ReviewStore(tmp_path / "nowhere")
+
+
+def test_line_reader_reads_gzip_and_plain_alike(tmp_path):
+    lines = [b'{"a": 1}', b"", b"\xff broken"]
+    for name in ("x.json", "x.json.gz"):
+        path = write_lines(tmp_path / name, lines)
+        with LineReader(path) as reader:
+            assert list(reader) == [(1, lines[0]), (2, b""), (3, lines[2])]
+
+
+def test_fetch_sample_fails_clearly_without_the_hub(tmp_path, monkeypatch):
+    from data_prep.fetch_sample import fetch
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(SystemExit, match="could not fetch Amazon Reviews 2023 Magazine_Subscriptions"):
+        fetch("Magazine_Subscriptions", 10, tmp_path)
