@@ -24,7 +24,7 @@ def samples(shared: Path, out: Path) -> dict[str, list[str]]:
         print(f"samples: {amazon} and {yelp}")
         return {
             "amazon": ["--source", "amazon2018", "--input", str(amazon)],
-            "yelp": ["--source", "asc", "--input", str(yelp)],
+            "yelp": ["--source", "asc", "--platform", "yelp", "--input", str(yelp)],
         }
     from data_prep.fetch_sample import fetch
 

@@ -1,6 +1,6 @@
 """Build one review store from a raw dump, streaming: nothing is loaded whole into memory.
 
-    python -m data_prep.build --source asc --input ../shared/data/raw/yelp_asc_sample --out runs/data/yelp
+    python -m data_prep.build --source asc --platform yelp --input ../shared/data/raw/yelp_asc_sample --out runs/data/yelp
     python -m data_prep.build --source amazon2018 --input ../shared/data/raw/amazon2018_5core_small --out runs/data/amazon
     python -m data_prep.build --source yelp --input ~/yelp_dataset --official-cities --out data/yelp
     python -m data_prep.build --source amazon2023 --input Video_Games.jsonl.gz meta_Video_Games.jsonl.gz \\
@@ -147,12 +147,14 @@ class ParsedReviews:
     filtered: list[str] = field(default_factory=list)
 
 
-def parse_reviews(source_name: str, category: str, raws: list[bytes]) -> ParsedReviews:
+def parse_reviews(source_name: str, category: str, raws: list[bytes], defaults: dict) -> ParsedReviews:
     """Pure (no store access), so it runs in a worker process while the main one writes."""
     source, out = SOURCES[source_name], ParsedReviews()
     for position, raw in enumerate(raws):
         try:
             record, ts = source.review(parse_line(raw), category)
+            for key, value in defaults.items():
+                record.setdefault(key, value)
             check_review(record)
         except Filtered as why:
             out.filtered.append(why.reason)
@@ -186,6 +188,8 @@ class Builder:
     def __init__(self, source: Source, out: Path, plan, options: dict, batch_size: int, workers: int):
         self.source, self.out, self.plan, self.options = source, out, plan, options
         self.batch_size, self.workers = batch_size, workers
+        # fields set on records that lack them (--platform for the processed layout, which may omit source)
+        self.defaults = {"source": options["platform"]} if options.get("platform") else {}
         self.store = StoreWriter(out / STORE_FILE)
         self.state = Progress.load(self.store.get_meta("progress"))
         self.rejects = open(out / "rejects.jsonl", "ab")
@@ -275,7 +279,7 @@ class Builder:
         rows, raws = [], []
         for line, raw, obj in self.parse(path, batch):
             try:
-                record = self.source.item(obj, category)
+                record = {**self.defaults, **self.source.item(obj, category)}
                 item_id = require_str(record, "item_id")
             except Reject as why:
                 self.reject(path, line, f"item:{why.reason}", raw, review=False)
@@ -294,7 +298,7 @@ class Builder:
         rows, raws = [], []
         for line, raw, obj in self.parse(path, batch):
             try:
-                record = self.source.user(obj, "")
+                record = {**self.defaults, **self.source.user(obj, "")}
                 user_id = require_str(record, "user_id")
             except Reject as why:
                 self.reject(path, line, f"user:{why.reason}", raw, review=False)
@@ -368,7 +372,12 @@ class Builder:
                     for batch in self.batches(reader, skip):
                         if role == "review":
                             raws = [raw for _, raw in batch]
-                            in_flight.append((batch, submit(parse_reviews, self.source.name, category, raws)))
+                            in_flight.append(
+                                (
+                                    batch,
+                                    submit(parse_reviews, self.source.name, category, raws, self.defaults),
+                                )
+                            )
                         else:
                             in_flight.append((batch, None))
                         while len(in_flight) > 2 * self.workers:
@@ -421,6 +430,11 @@ def main(argv: list[str] | None = None) -> dict:
         action="store_true",
         help=f"yelp: keep only businesses in {', '.join(YELP_CITIES)}",
     )
+    parser.add_argument(
+        "--platform",
+        choices=["yelp", "amazon", "goodreads"],
+        help="asc: the source of records that do not name one",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a build of other inputs in --out")
     parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument(
@@ -439,7 +453,9 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("error: --official-cities needs the Yelp business file among the inputs")
     print(f"{source.name}: " + ", ".join(f"{p.name} ({role})" for role, p in plan))
 
-    options = {"official_cities": args.official_cities}
+    if args.platform and args.source != "asc":
+        parser.error("--platform applies to --source asc only (the other readers know their platform)")
+    options = {"official_cities": args.official_cities, "platform": args.platform}
     identity = fingerprint(source.name, plan, options)
     out: Path = args.out
     store_path, report_path = out / STORE_FILE, out / "report.json"

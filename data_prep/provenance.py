@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from data_prep.paths import REPO_ROOT
 
 
 def git_commit() -> str | None:

@@ -58,14 +58,17 @@ FROM firsts t WHERE t.rn = 1
 
 def _target(row) -> dict:
     review_id, user_id, item_id, ts, stars, data, history = row
+    record = json.loads(data)
     return {
         "review_id": review_id,
         "user_id": user_id,
         "item_id": item_id,
         "ts": ts,
         "stars": stars,
-        "text": json.loads(data)["text"],
+        "text": record["text"],
         "history": history,
+        "source": record.get("source"),
+        "category": record.get("category"),
     }
 
 
@@ -177,6 +180,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "ts": t["ts"],
                 "date": format_utc(t["ts"]),
                 "history": t["history"],
+                "source": t["source"],
+                "category": t["category"],
             }
             f.write(json.dumps(row) + "\n")
     manifest = {

@@ -55,3 +55,13 @@ def write_tasks(task_dir: Path, targets: list[dict]) -> None:
         (task_dir / "groundtruth" / f"groundtruth_{i}.json").write_text(
             json.dumps(truth, indent=2, ensure_ascii=False)
         )
+
+
+def read_targets(task_dir: str | Path) -> dict[int, dict]:
+    """task_id -> {review_id, ts, date, source, ...} from targets.jsonl (written by data_prep.split);
+    empty for task folders made elsewhere."""
+    path = Path(task_dir) / "targets.jsonl"
+    if not path.exists():
+        return {}
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {row["task_id"]: row for row in rows}

@@ -27,3 +27,23 @@ def write_lines(path: Path, lines: list) -> Path:
     )
     path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
     return path
+
+
+@pytest.fixture(scope="session")
+def yelp_store(raw, tmp_path_factory) -> Path:
+    """The Yelp sample built once per test session."""
+    from data_prep import build
+
+    out = tmp_path_factory.mktemp("yelp_store")
+    build.main(
+        ["--source", "asc", "--platform", "yelp", "--input", str(raw / "yelp_asc_sample"), "--out", str(out)]
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def offline_scorers():
+    """The offline evaluator models, loaded once (the emotion stand-in trains once into the cache)."""
+    from eval.backends import build_scorers
+
+    return build_scorers("offline", device="cpu")

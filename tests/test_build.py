@@ -29,7 +29,7 @@ def reconciles(report: dict) -> bool:
 
 def test_yelp_asc_sample(raw, tmp_path):
     folder = raw / "yelp_asc_sample"
-    report = run_build("--source", "asc", "--input", folder, "--out", tmp_path)
+    report = run_build("--source", "asc", "--platform", "yelp", "--input", folder, "--out", tmp_path)
     lines = (folder / "review_subset.json").read_text().splitlines()
     reviews = [json.loads(line) for line in lines]
     assert report["reviews_read"] == len(lines) == 4164
@@ -50,6 +50,10 @@ def test_yelp_asc_sample(raw, tmp_path):
     assert store.get_item(one["item_id"])["item_id"] == one["item_id"]
     profiled = json.loads((folder / "user_subset.json").read_text().splitlines()[0])
     assert store.get_user(profiled["user_id"])["name"] == profiled["name"]
+    # --platform names the source of records that do not carry one
+    assert {got[0]["source"], store.get_item(one["item_id"])["source"], store.get_user(user)["source"]} == {
+        "yelp"
+    }
 
 
 def test_amazon2018_dedup_removes_variant_copies(raw, tmp_path):

@@ -11,7 +11,9 @@ from data_prep.tasks import read_groundtruth, read_tasks
 @pytest.fixture(scope="module")
 def yelp(raw, tmp_path_factory):
     out = tmp_path_factory.mktemp("yelp")
-    build.main(["--source", "asc", "--input", str(raw / "yelp_asc_sample"), "--out", str(out)])
+    build.main(
+        ["--source", "asc", "--platform", "yelp", "--input", str(raw / "yelp_asc_sample"), "--out", str(out)]
+    )
     return out
 
 

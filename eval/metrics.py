@@ -1,0 +1,78 @@
+"""The AgentSociety Challenge user-modelling metrics, as pure functions over aligned arrays.
+
+Per task, prediction (stars', text') against ground truth (stars, text):
+
+- star error       |clip(stars', 0, 5) - stars| / 5;            PE = 1 - mean star error
+- sentiment error  |c(text') - c(text)| / 2, c = VADER compound
+- emotion error    mean over the 4 labels of |p - q|, p and q the emotion classifier's label scores on
+                   the first 300 characters of each text (labels matched by name)
+- topic error      (1 - cos(e(text'), e(text))) / 2, e = sentence embedding, not normalised first
+- RG = 1 - (0.25 * sentiment + 0.25 * emotion + 0.5 * topic), each term averaged over tasks
+- overall = (PE + RG) / 2
+
+This follows the official ``websocietysimulator/tools/evaluation_tool.py``; it differs only in never
+truncating mismatched lists (callers align predictions to tasks first, see eval/predictions.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EMOTION_LABELS = ("joy", "optimism", "anger", "sadness")  # the official classifier's config order
+EMOTION_CHARS = 300  # the official evaluator cuts both texts to this many characters for emotion
+STAR_RANGE = (0.0, 5.0)
+
+
+def clip_stars(stars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stars clipped to [0, 5] as the official evaluator does, and which ones were outside."""
+    stars = np.asarray(stars, dtype=np.float64)
+    outside = (stars < STAR_RANGE[0]) | (stars > STAR_RANGE[1])
+    return np.clip(stars, *STAR_RANGE), outside
+
+
+def star_errors(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    clipped, _ = clip_stars(predicted)
+    return np.abs(clipped - np.asarray(truth, dtype=np.float64)) / 5
+
+
+def sentiment_errors(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    return np.abs(np.asarray(predicted, np.float64) - np.asarray(truth, np.float64)) / 2
+
+
+def emotion_errors(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """predicted, truth: (n, 4) label scores in EMOTION_LABELS order."""
+    return np.mean(np.abs(np.asarray(predicted, np.float64) - np.asarray(truth, np.float64)), axis=1)
+
+
+def topic_errors(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """(1 - cosine similarity) / 2 row by row, in float64; a zero vector is an error, not a NaN."""
+    a, b = np.asarray(predicted, np.float64), np.asarray(truth, np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    if np.any(norms == 0):
+        raise ValueError("topic: an embedding is all zeros, its cosine is undefined")
+    cosine = np.einsum("ij,ij->i", a, b) / norms
+    return np.clip(1.0 - cosine, 0.0, 2.0) / 2
+
+
+def cut_for_emotion(texts: list[str]) -> list[str]:
+    return [t[:EMOTION_CHARS] for t in texts]
+
+
+def aggregate(star: np.ndarray, sentiment: np.ndarray, emotion: np.ndarray, topic: np.ndarray) -> dict:
+    """The headline numbers from per-task terms (all arrays of one length n > 0)."""
+    n = len(star)
+    if not n or not len(sentiment) == len(emotion) == len(topic) == n:
+        raise ValueError("aggregate needs per-task terms of one non-zero length")
+    pe = 1 - float(np.mean(star))
+    sent, emo, top = float(np.mean(sentiment)), float(np.mean(emotion)), float(np.mean(topic))
+    rg = 1 - (0.25 * sent + 0.25 * emo + 0.5 * top)
+    return {
+        "n": n,
+        "preference_estimation": pe,
+        "review_generation": rg,
+        "overall": (pe + rg) / 2,
+        "star_error": float(np.mean(star)),
+        "sentiment_error": sent,
+        "emotion_error": emo,
+        "topic_error": top,
+    }

@@ -1,0 +1,103 @@
+import zipfile
+
+import nltk
+import numpy as np
+import pytest
+from nltk.sentiment import SentimentIntensityAnalyzer
+
+from eval.lexicon import NLTK_LEXICON_SHA256, nltk_lexicon_text, offline_nltk_data
+from eval.metrics import aggregate, clip_stars, emotion_errors, sentiment_errors, star_errors, topic_errors
+from eval.scoring import score_pairs
+
+
+def test_star_error_clips_like_the_official_evaluator():
+    pred, truth = np.array([7, -1, 3.5, 4]), np.array([5, 1, 4, 4])
+    assert star_errors(pred, truth) == pytest.approx([0.0, 0.2, 0.1, 0.0])
+    clipped, outside = clip_stars(pred)
+    assert clipped.tolist() == [5, 0, 3.5, 4] and outside.tolist() == [True, True, False, False]
+
+
+def test_text_terms_on_hand_made_vectors():
+    assert sentiment_errors([0.5, -0.5], [-0.5, -0.5]) == pytest.approx([0.5, 0.0])
+    assert emotion_errors([[1, 0, 0, 0], [0.25] * 4], [[0, 1, 0, 0], [0.25] * 4]) == pytest.approx([0.5, 0.0])
+    # orthogonal, opposite, parallel of another length (cosine ignores the norm), identical
+    a = np.array([[1.0, 0], [1, 0], [1, 2], [3, 4]])
+    b = np.array([[0.0, 1], [-1, 0], [2, 4], [3, 4]])
+    assert topic_errors(a, b) == pytest.approx([0.5, 1.0, 0.0, 0.0], abs=1e-12)
+    with pytest.raises(ValueError, match="all zeros"):
+        topic_errors([[0.0, 0.0]], [[1.0, 0.0]])
+
+
+def test_aggregate_by_hand():
+    result = aggregate(np.array([0, 0.2]), np.array([0.1, 0.3]), np.array([0.2, 0.2]), np.array([0.4, 0.0]))
+    # PE = 1 - 0.1; RG = 1 - (0.25*0.2 + 0.25*0.2 + 0.5*0.2) = 0.8; overall = (0.9 + 0.8) / 2
+    assert result["preference_estimation"] == pytest.approx(0.9)
+    assert result["review_generation"] == pytest.approx(0.8)
+    assert result["overall"] == pytest.approx(0.85)
+    with pytest.raises(ValueError):
+        aggregate(np.array([0.1]), np.array([0.1, 0.2]), np.array([0.1]), np.array([0.1]))
+
+
+def test_offline_lexicon_is_nltks_byte_for_byte(raw):
+    reference = zipfile.ZipFile(raw / "nltk_data" / "sentiment" / "vader_lexicon.zip")
+    assert reference.read("vader_lexicon/vader_lexicon.txt") == nltk_lexicon_text().encode()
+    import hashlib
+
+    assert hashlib.sha256(nltk_lexicon_text().encode()).hexdigest() == NLTK_LEXICON_SHA256
+
+
+def test_offline_vader_scores_equal_nltks_on_real_texts(raw, monkeypatch):
+    import gzip
+    import json
+
+    texts = [json.loads(line)["text"] for line in (raw / "yelp_asc_sample" / "review_subset.json").open()][
+        :1500
+    ]
+    for line in gzip.open(raw / "amazon2018_5core_small" / "All_Beauty_5.json.gz", "rt"):
+        texts.append(json.loads(line).get("reviewText", ""))
+        if len(texts) == 2000:
+            break
+    monkeypatch.setattr(nltk.data, "path", [str(raw / "nltk_data")])
+    reference = SentimentIntensityAnalyzer()
+    monkeypatch.setattr(nltk.data, "path", [str(offline_nltk_data())])
+    offline = SentimentIntensityAnalyzer()
+    got = [offline.polarity_scores(t)["compound"] for t in texts]
+    want = [reference.polarity_scores(t)["compound"] for t in texts]
+    assert len(texts) == 2000 and got == want
+    assert len(set(want)) > 500  # real, varied texts, not a degenerate sample
+
+
+def test_known_vader_scores(offline_scorers):
+    # the examples of the VADER paper's README, as nltk scores them
+    scores = offline_scorers.sentiment(
+        ["VADER is smart, handsome, and funny.", "VADER is not smart, handsome, nor funny.", ""]
+    )
+    assert scores.tolist() == [0.8316, -0.7424, 0.0]
+
+
+def test_identical_texts_give_zero_text_errors(offline_scorers):
+    texts = ["The pizza was cold and the waiter ignored us.", "Lovely staff, would come back!"]
+    terms = score_pairs([7, 4], texts, [5, 4], texts, offline_scorers)
+    assert terms["sentiment_error"].tolist() == [0, 0]
+    assert np.all(terms["emotion_error"] == 0)
+    assert np.all(terms["topic_error"] < 1e-7)
+    assert terms["star_error"].tolist() == [0, 0]  # 7 is clipped to 5
+    assert terms["stars_out_of_range"].tolist() == [True, False]
+    probs = terms["emotion_pred"]
+    assert probs.shape == (2, 4) and np.allclose(probs.sum(axis=1), 1)
+
+
+def test_different_texts_give_larger_errors(offline_scorers):
+    terms = score_pairs(
+        [1],
+        ["Terrible, rude staff and filthy tables. Never again."],
+        [5],
+        ["Wonderful evening, delicious food, we loved every minute!"],
+        offline_scorers,
+    )
+    assert terms["star_error"][0] == pytest.approx(0.8)
+    assert (
+        terms["sentiment_error"][0] > 0.7
+        and terms["emotion_error"][0] > 0.2
+        and terms["topic_error"][0] > 0.1
+    )

@@ -1,0 +1,230 @@
+import json
+
+import numpy as np
+import pytest
+
+from data_prep import split
+from eval import baselines, review
+from eval.backends import build_scorers
+
+
+@pytest.fixture(scope="module")
+def tasks(yelp_store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tasks")
+    split.main(
+        [
+            "--data",
+            str(yelp_store),
+            "--out",
+            str(out),
+            "--min-history",
+            "2",
+            "--max-tasks",
+            "30",
+            "--seed",
+            "0",
+        ]
+    )
+    return out
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def run_eval(tasks, predictions, out, *extra):
+    return review.main(
+        [
+            "--tasks",
+            str(tasks),
+            "--predictions",
+            str(predictions),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            *extra,
+        ]
+    )
+
+
+def test_previous_review_baseline_end_to_end(yelp_store, tasks, tmp_path, offline_scorers):
+    predictions = tmp_path / "prev.jsonl"
+    baselines.main(
+        ["previous-review", "--data", str(yelp_store), "--tasks", str(tasks), "--out", str(predictions)]
+    )
+    results = run_eval(tasks, predictions, tmp_path / "eval")
+    assert results["n"] == 30 and results["counts"]["missing_scored_as_empty"] == 0
+    assert 0 < results["preference_estimation"] < 1 and 0 < results["review_generation"] < 1
+    assert results["overall"] == pytest.approx(
+        (results["preference_estimation"] + results["review_generation"]) / 2
+    )
+    scorers = results["scorers"]
+    assert scorers["sentiment"]["exact"] and not scorers["topic"]["exact"] and not scorers["all_exact"]
+    assert 0.5 < scorers["emotion"]["test_macro_f1"] < 1 and 0.5 < scorers["emotion"]["test_accuracy"] < 1
+    assert results["provenance"]["packages"]["nltk"] and results["provenance"]["command"]
+    assert set(results["breakdown"]["by_source"]) == {"yelp"} and results["breakdown"]["sim"] is None
+    samples = [json.loads(line) for line in (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 30
+    assert np.mean([s["topic_error"] for s in samples]) == pytest.approx(results["topic_error"])
+    for name in ("star_confusion.png", "text_errors.png"):
+        assert (tmp_path / "eval" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_truth_as_prediction_scores_perfectly(tasks, tmp_path, offline_scorers):
+    predictions = tmp_path / "truth.jsonl"
+    baselines.main(["truth", "--tasks", str(tasks), "--out", str(predictions)])
+    results = run_eval(tasks, predictions, tmp_path / "eval")
+    assert results["preference_estimation"] == 1.0
+    assert results["sentiment_error"] == 0 and results["emotion_error"] == 0 and results["topic_error"] < 1e-7
+
+
+def predictions_for(tasks, n=30, **override):
+    rows = [{"task_id": i, "stars": 4.0, "review": "Nice place."} for i in range(n)]
+    for i, row in override.items():
+        rows[int(i.removeprefix("t"))].update(row)
+    return rows
+
+
+def test_missing_predictions_are_named_or_scored_as_official(tasks, tmp_path, offline_scorers):
+    path = write_jsonl(tmp_path / "p.jsonl", predictions_for(tasks)[:27])
+    with pytest.raises(SystemExit, match="3 tasks have no prediction: 27, 28, 29"):
+        run_eval(tasks, path, tmp_path / "a")
+    results = run_eval(tasks, path, tmp_path / "b", "--allow-missing")
+    assert results["counts"]["missing_scored_as_empty"] == 3 and results["counts"]["missing_task_ids"] == [
+        27,
+        28,
+        29,
+    ]
+    samples = [json.loads(line) for line in (tmp_path / "b" / "samples.jsonl").read_text().splitlines()]
+    assert [s["pred_stars"] for s in samples[27:]] == [0.0, 0.0, 0.0] and samples[29]["missing"]
+
+
+def test_out_of_range_stars_are_clipped_counted_and_listed(tasks, tmp_path, offline_scorers):
+    path = write_jsonl(
+        tmp_path / "p.jsonl", predictions_for(tasks, t3={"stars": 7}, t5={"stars": -2}, t6={"review": ""})
+    )
+    results = run_eval(tasks, path, tmp_path / "o")
+    c = results["counts"]
+    assert c["stars_out_of_range"] == 2 and c["stars_out_of_range_task_ids"] == [3, 5]
+    assert c["empty_reviews"] == 1 and c["empty_review_task_ids"] == [6]
+    samples = [json.loads(line) for line in (tmp_path / "o" / "samples.jsonl").read_text().splitlines()]
+    assert samples[3]["pred_stars"] == 7 and samples[3]["pred_stars_clipped"] == 5
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"task_id": 0, "stars": "five", "review": "x"}], "stars 'five' is not a number"),
+        ([{"task_id": 0, "stars": True, "review": "x"}], "stars True is not a number"),
+        ([{"task_id": 0, "stars": 4, "review": None}], "review None is not a string"),
+        (
+            [{"task_id": 0, "stars": 4, "review": "x"}, {"task_id": 0, "stars": 3, "review": "y"}],
+            "a second prediction for task 0",
+        ),
+        ([{"task_id": 99, "stars": 4, "review": "x"}], "unknown task_id 99"),
+        (
+            [{"user_id": "nobody", "item_id": "nothing", "stars": 4, "review": "x"}],
+            "no task for user_id='nobody'",
+        ),
+    ],
+)
+def test_bad_predictions_are_clear_errors(tasks, tmp_path, rows, message):
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    with pytest.raises(SystemExit, match=message):
+        run_eval(tasks, path, tmp_path / "o", "--allow-missing")
+
+
+def test_official_output_layout_and_limit(tasks, tmp_path, offline_scorers):
+    task_files = sorted((tasks / "tasks").glob("task_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    official = [
+        {"task": json.loads(p.read_text()), "output": {"stars": 3.0, "review": "Fine."}} for p in task_files
+    ]
+    path = tmp_path / "official.json"
+    path.write_text(json.dumps(official))
+    results = run_eval(tasks, path, tmp_path / "o", "--limit", "10")
+    assert results["n"] == 10 and results["counts"]["predictions_outside_limit"] == 20
+
+
+def test_compare_writes_table_and_chart(tasks, tmp_path, offline_scorers):
+    for name, stars in (("low", 1.0), ("high", 4.0)):
+        path = write_jsonl(
+            tmp_path / f"{name}.jsonl", [{"task_id": i, "stars": stars, "review": "ok"} for i in range(30)]
+        )
+        run_eval(tasks, path, tmp_path / name)
+    table = review.main(
+        [
+            "--compare",
+            str(tmp_path / "low" / "results.json"),
+            str(tmp_path / "high" / "results.json"),
+            "--out",
+            str(tmp_path / "cmp"),
+        ]
+    )
+    assert "| low | 30 |" in table and "| high | 30 |" in table
+    assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# -- a local emotion model folder ----------------------------------------------------------------------
+
+
+def tiny_roberta(folder, labels):
+    """A random 2-layer RoBERTa classifier with the given labels and a BPE tokenizer trained here."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaConfig, RobertaForSequenceClassification, RobertaTokenizerFast
+
+    corpus = [
+        "the food was great",
+        "service was slow and rude",
+        "I am so happy",
+        "sad day",
+        "angry about it",
+    ] * 20
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        corpus, vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    )
+    folder.mkdir(parents=True)
+    bpe.save_model(str(folder))
+    tokenizer = RobertaTokenizerFast(
+        vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt")
+    )
+    config = RobertaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        num_labels=4,
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    RobertaForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_local_emotion_model_folder(tmp_path, offline_scorers):
+    folder = tiny_roberta(
+        tmp_path / "roberta", ["sadness", "joy", "anger", "optimism"]
+    )  # not the official order
+    scorers = build_scorers("offline", emotion_model=folder, device="cpu")
+    probs = scorers.emotion(["I love it", "x" * 1000])
+    assert probs.shape == (2, 4) and np.allclose(probs.sum(axis=1), 1)
+    info = scorers.emotion.info
+    assert (
+        info["model"] == str(folder)
+        and info["exact"] is False
+        and "model.safetensors" in info["files_sha256"]
+    )
+    # labels are matched by name: the pipeline's scores land in the official order (joy first)
+    raw = scorers.emotion.pipe(["I love it"], top_k=None)[0]
+    assert probs[0][0] == pytest.approx({r["label"]: r["score"] for r in raw}["joy"])
+
+    wrong = tiny_roberta(tmp_path / "wrong", ["a", "b", "c", "d"])
+    with pytest.raises(ValueError, match="expected"):
+        build_scorers("offline", emotion_model=wrong, device="cpu")
