@@ -2,8 +2,9 @@
 
     python demo.py --shared ../shared/data/raw --out runs/demo
 
-Today: build the Amazon 2018 and Yelp samples into review stores, print their reports, and write
-leave-last-out evaluation tasks for each. Where ../shared/data/raw is absent it fetches a small public
+Today: build the Amazon 2018 and Yelp samples into review stores, print their reports, write
+leave-last-out evaluation tasks for each, score a model-free baseline (each user's previous review)
+with the offline evaluator and print the comparison table. Where ../shared/data/raw is absent it fetches a small public
 Amazon Reviews 2023 sample instead (needs the Hugging Face Hub) and says so.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from data_prep import build, split
 from data_prep.store import ReviewStore
+from eval import baselines, review
 
 
 def samples(shared: Path, out: Path) -> dict[str, list[str]]:
@@ -43,10 +45,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/demo"))
     args = parser.parse_args()
 
-    for name, build_args in samples(args.shared, args.out).items():
-        data, tasks = args.out / "data" / name, args.out / "tasks" / name
+    out = args.out
+    results = []
+    for name, build_args in samples(args.shared, out).items():
+        data, tasks = out / "data" / name, out / "tasks" / name
+        predictions, scored = (
+            out / "predictions" / name / "previous_review.jsonl",
+            out / "eval" / name / "previous_review",
+        )
+
         print(f"\n=== {name}: build")
-        report = build.main([*build_args, "--out", str(data)])
+        report = build.main([*build_args, "--out", str(data), "--overwrite"])
         keys = (
             "reviews_read",
             "reviews_kept",
@@ -57,29 +66,25 @@ def main() -> None:
             "reasons",
         )
         print(json.dumps({k: report[k] for k in keys}, indent=2))
+
         print(f"=== {name}: split (leave-last-out, min history 2, 50 tasks)")
-        split.main(
-            [
-                "--data",
-                str(data),
-                "--out",
-                str(tasks),
-                "--min-history",
-                "2",
-                "--max-tasks",
-                "50",
-                "--seed",
-                "0",
-                "--overwrite",
-            ]
-        )
+        split.main(f"--data {data} --out {tasks} --min-history 2 --max-tasks 50 --seed 0 --overwrite".split())
         store = ReviewStore.open(data, tasks=tasks)
         task = json.loads((tasks / "tasks" / "task_0.json").read_text())
-        history = store.get_reviews(user_id=task["user_id"])
+        visible = store.get_reviews(user_id=task["user_id"])
+        hidden = store.get_reviews(user_id=task["user_id"], item_id=task["item_id"])
         print(
-            f"task_0: user {task['user_id']} has {len(history)} visible reviews; the target stays hidden "
-            f"({len(store.get_reviews(user_id=task['user_id'], item_id=task['item_id']))} visible for the pair)"
+            f"task_0: {len(visible)} reviews of its user are visible; {len(hidden)} for the target pair (blocked)"
         )
+
+        print(f"=== {name}: score a model-free baseline, each user's previous review (offline evaluator)")
+        baselines.main(f"previous-review --data {data} --tasks {tasks} --out {predictions}".split())
+        review.main(f"--tasks {tasks} --predictions {predictions} --out {scored}".split())
+        results.append((f"{name}/previous-review", scored / "results.json"))
+
+    print("\n=== comparison")
+    names = [n for n, _ in results]
+    review.main(["--compare", *(str(p) for _, p in results), "--names", *names, "--out", str(out / "eval")])
 
 
 if __name__ == "__main__":
