@@ -219,6 +219,18 @@ class ReviewStore:
         sql = f"SELECT data FROM reviews r WHERE {' AND '.join(where)} ORDER BY r.ts, r.review_id"
         return [orjson.loads(data) for (data,) in self.conn.execute(sql, args)]
 
+    def visible_reviews(self):
+        """Every review not hidden by the block set, by user then time (streams; for training pairs)."""
+        where = (
+            "WHERE NOT EXISTS (SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)"
+            if self.blocked
+            else ""
+        )
+        for (data,) in self.conn.execute(
+            f"SELECT data FROM reviews r {where} ORDER BY r.user_id, r.ts, r.review_id"
+        ):
+            yield orjson.loads(data)
+
     def meta(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT key, value FROM meta"))
 

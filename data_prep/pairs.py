@@ -1,0 +1,190 @@
+"""Instruction pairs for fine-tuning: (user history, item) -> stars and review, from real reviews.
+
+    python -m data_prep.pairs --data runs/data/amazon --tasks runs/tasks/amazon --out runs/pairs/amazon
+    python -m data_prep.pairs ... --k-user 5 --k-item 3 --max-examples 2000 --debug 2
+
+Every review the store shows (evaluation task pairs are blocked) whose user has at least --min-history
+strictly older reviews becomes one example: the prompt (data_prep.prompt.build_messages) shows the
+user's latest --k-user reviews and the item's latest --k-item reviews, all strictly older than the
+target; the completion is ``stars: S\\nreview: TEXT``. Examples are split into train and validation by
+user (no user is in both).
+
+Writes PAIRS_DIR/dataset (a datasets.DatasetDict, conversational prompt/completion plus metadata),
+train.jsonl, validation.jsonl, card.json and README.md (counts, token-length percentiles, how it was
+made). --debug N prints N tokenised examples with the supervised tokens marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
+from data_prep.prompt import fit_messages, format_completion, render_prompt
+from data_prep.provenance import provenance
+from data_prep.store import ReviewStore
+
+
+def is_validation(user_id: str, fraction: float, seed: int) -> bool:
+    digest = hashlib.sha256(f"{seed}:{user_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def make_examples(
+    store: ReviewStore, tokenizer, k_user: int, k_item: int, min_history: int, max_tokens: int
+) -> tuple[list[dict], dict[str, int]]:
+    """All examples, and counts of reviews left out (too little history; too long even with no past
+    review shown) and of shown reviews dropped to fit the token budget."""
+    examples, counts = [], {"too_little_history": 0, "too_long": 0, "shown_reviews_dropped_to_fit": 0}
+    for target in tqdm(store.visible_reviews(), desc="pairs", unit=" reviews", mininterval=2):
+        history = store.get_reviews(user_id=target["user_id"], before=target["date"])
+        if len(history) < min_history:
+            counts["too_little_history"] += 1
+            continue
+        user_reviews = history[-k_user:] if k_user else []
+        item_reviews = (
+            store.get_reviews(item_id=target["item_id"], before=target["date"])[-k_item:] if k_item else []
+        )
+        completion = format_completion(target["stars"], target["text"])
+        user, item = store.get_user(target["user_id"]), store.get_item(target["item_id"])
+        try:
+            messages, shown_user, shown_item = fit_messages(
+                tokenizer, user, user_reviews, item, item_reviews, max_tokens, completion
+            )
+        except ValueError:
+            counts["too_long"] += 1
+            continue
+        counts["shown_reviews_dropped_to_fit"] += (
+            len(user_reviews) + len(item_reviews) - len(shown_user) - len(shown_item)
+        )
+        shown = shown_user + shown_item
+        examples.append(
+            {
+                "prompt": messages,
+                "completion": [{"role": "assistant", "content": completion}],
+                "user_id": target["user_id"],
+                "item_id": target["item_id"],
+                "review_id": target["review_id"],
+                "date": target["date"],
+                "shown_review_ids": [r["review_id"] for r in shown],
+                "shown_dates": [r["date"] for r in shown],
+            }
+        )
+    return examples, counts
+
+
+def supervised_tokens(tokenizer, messages: list[dict], completion: str) -> tuple[list[int], int]:
+    """Token ids of prompt + completion + EOS as training sees them, and where supervision starts."""
+    prompt = render_prompt(tokenizer, messages)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    full = tokenizer(prompt + completion + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    return full, len(prompt_ids)
+
+
+def show_debug(tokenizer, examples: list[dict], n: int) -> None:
+    for example in examples[:n]:
+        ids, start = supervised_tokens(tokenizer, example["prompt"], example["completion"][0]["content"])
+        prompt, supervised = tokenizer.decode(ids[:start]), tokenizer.decode(ids[start:])
+        print(f"--- {example['review_id']}: {len(ids)} tokens, {len(ids) - start} supervised (between ⟦ ⟧)")
+        print(f"{prompt}⟦{supervised}⟧")
+
+
+def percentiles(values: list[int]) -> dict[str, int]:
+    if not values:
+        return {}
+    arr = np.array(values)
+    return {f"p{q}": int(np.percentile(arr, q)) for q in (50, 90, 99)} | {"max": int(arr.max())}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument(
+        "--tasks", type=Path, required=True, help="evaluation tasks: their pairs never appear"
+    )
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--k-user", type=int, default=5)
+    parser.add_argument("--k-item", type=int, default=3)
+    parser.add_argument("--min-history", type=int, default=1, help="older reviews an example's user needs")
+    parser.add_argument("--val-fraction", type=float, default=0.1)
+    parser.add_argument("--max-examples", type=int, help="a seeded sample of at most this many examples")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", default=OFFLINE_SMOLLM2, help="the model's: budgets, lengths, --debug")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="budget for prompt + completion + EOS")
+    parser.add_argument("--debug", type=int, default=0, metavar="N")
+    args = parser.parse_args(argv)
+
+    from datasets import Dataset, DatasetDict
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.tokenizer))
+    store = ReviewStore.open(args.data, tasks=args.tasks)
+    examples, counts = make_examples(
+        store, tokenizer, args.k_user, args.k_item, args.min_history, args.max_tokens
+    )
+    if not examples:
+        raise SystemExit(f"error: no example qualifies ({counts}); lower --min-history or raise --max-tokens")
+    sampled = len(examples)
+    if args.max_examples and len(examples) > args.max_examples:
+        random.Random(args.seed).shuffle(examples)
+        examples = sorted(examples[: args.max_examples], key=lambda e: (e["user_id"], e["date"]))
+    splits = {"train": [], "validation": []}
+    for example in examples:
+        splits[
+            "validation" if is_validation(example["user_id"], args.val_fraction, args.seed) else "train"
+        ].append(example)
+
+    lengths = {"prompt_tokens": [], "completion_tokens": []}
+    for example in tqdm(examples, desc="token lengths", unit=" examples", mininterval=2):
+        ids, start = supervised_tokens(tokenizer, example["prompt"], example["completion"][0]["content"])
+        lengths["prompt_tokens"].append(start)
+        lengths["completion_tokens"].append(len(ids) - start)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    DatasetDict({name: Dataset.from_list(rows) for name, rows in splits.items()}).save_to_disk(
+        args.out / "dataset"
+    )
+    for name, rows in splits.items():
+        with open(args.out / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    card = {
+        "examples": {name: len(rows) for name, rows in splits.items()},
+        "users": {name: len({r["user_id"] for r in rows}) for name, rows in splits.items()},
+        "candidates": sampled,
+        "left_out": counts,
+        "token_lengths": {k: percentiles(v) for k, v in lengths.items()},
+        "tokenizer": args.tokenizer,
+        "options": {
+            k: getattr(args, k)
+            for k in ("k_user", "k_item", "min_history", "max_tokens", "val_fraction", "max_examples", "seed")
+        },
+        "data": {
+            "dir": str(args.data),
+            "source_sha256": store.meta().get("source_sha256"),
+            "blocked_task_pairs": store.blocked,
+        },
+        "tasks": str(args.tasks),
+        "leakage_rules": "task (user, item) pairs blocked; every shown review strictly older than the target",
+        "provenance": provenance(["datasets", "transformers"]),
+    }
+    (args.out / "card.json").write_text(json.dumps(card, indent=2))
+    (args.out / "README.md").write_text(
+        "# Training pairs\n\n" + "\n".join(f"- **{k}**: `{json.dumps(v)}`" for k, v in card.items()) + "\n"
+    )
+    print(f"{card['examples']} examples -> {args.out}; left out or trimmed: {counts}")
+    print(f"token lengths: {card['token_lengths']}")
+    if args.debug:
+        show_debug(tokenizer, examples, args.debug)
+    return card
+
+
+if __name__ == "__main__":
+    main()

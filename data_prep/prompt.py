@@ -1,0 +1,126 @@
+"""The one prompt renderer: (user, history, item, item reviews) -> chat messages, and the completion
+format with its parser. Training pairs (data_prep.pairs), fine-tuning (train.sft) and the agents all
+import this module; there is no second copy of the prompt anywhere.
+
+Only what a predictor may see goes in: the reviews it is given (callers pass reviews strictly older
+than the target, with evaluation pairs blocked) and profile fields that do not aggregate over the
+user's or item's whole history (Yelp's ``average_stars``, ``review_count`` and item ``stars`` include
+the held-out review, so they are left out; averages over the shown reviews are given instead).
+"""
+
+from __future__ import annotations
+
+import re
+
+SYSTEM = (
+    "You simulate a real user of a review platform. From the user's past reviews and the item, predict "
+    "the star rating (1 to 5) this user would give the item and write the review they would write, in "
+    "their own voice. Answer in exactly this format:\nstars: <1-5>\nreview: <the review text>"
+)
+MAX_REVIEW_CHARS = 400  # each review shown in a prompt is cut here, marked with "…"
+
+USER_FIELDS = ("name", "yelping_since")  # not aggregates over the user's history
+ITEM_FIELDS = ("name", "title", "city", "state", "categories", "category", "main_cat", "brand", "price")
+
+
+def _short(text: str, limit: int = MAX_REVIEW_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _stars(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _field(value) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def describe_item(item: dict | None) -> str:
+    if not item:
+        return "(no description)"
+    lines = [f"{key}: {_short(_field(item[key]), 200)}" for key in ITEM_FIELDS if item.get(key)]
+    description = item.get("description")
+    if description:
+        lines.append(f"description: {_short(_field(description), 300)}")
+    return "\n".join(lines) or "(no description)"
+
+
+def _review_lines(reviews: list[dict]) -> str:
+    return "\n".join(f"- {_stars(r['stars'])} stars: {_short(r['text'])}" for r in reviews)
+
+
+def _mean(reviews: list[dict]) -> str:
+    return f"{sum(r['stars'] for r in reviews) / len(reviews):.2f}"
+
+
+def build_messages(
+    user: dict | None, user_reviews: list[dict], item: dict | None, item_reviews: list[dict]
+) -> list[dict]:
+    """System + user messages for one (user, item). Reviews are shown in the order given."""
+    profile = [f"{k}: {user[k]}" for k in USER_FIELDS if user and user.get(k)]
+    parts = ["# The user"]
+    parts += profile
+    if user_reviews:
+        parts.append(
+            f"Their {len(user_reviews)} most relevant past reviews (average {_mean(user_reviews)} stars):"
+        )
+        parts.append(_review_lines(user_reviews))
+    else:
+        parts.append("No past reviews are known.")
+    parts += ["", "# The item", describe_item(item)]
+    if item_reviews:
+        parts.append(f"What {len(item_reviews)} other users wrote (average {_mean(item_reviews)} stars):")
+        parts.append(_review_lines(item_reviews))
+    parts += ["", "Write this user's star rating and review of this item."]
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(parts)}]
+
+
+def render_prompt(tokenizer, messages: list[dict]) -> str:
+    """The exact text the model sees: the tokenizer's chat template with the generation prompt."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def count_tokens(tokenizer, messages: list[dict], completion: str = "") -> int:
+    """Tokens of the rendered prompt plus, when given, the completion and EOS (as training sees them)."""
+    text = render_prompt(tokenizer, messages) + (completion + tokenizer.eos_token if completion else "")
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def fit_messages(
+    tokenizer,
+    user: dict | None,
+    user_reviews: list[dict],
+    item: dict | None,
+    item_reviews: list[dict],
+    budget: int,
+    completion: str = "",
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """build_messages, dropping the oldest shown reviews (from the longer list first) until the prompt
+    (and the completion, when given) fits in ``budget`` tokens. Returns the messages and the user and
+    item reviews kept; raises ValueError when even no review at all does not fit."""
+    user_reviews, item_reviews = list(user_reviews), list(item_reviews)
+    while True:
+        messages = build_messages(user, user_reviews, item, item_reviews)
+        if count_tokens(tokenizer, messages, completion) <= budget:
+            return messages, user_reviews, item_reviews
+        if not user_reviews and not item_reviews:
+            raise ValueError(f"does not fit in {budget} tokens even without past reviews")
+        (user_reviews if len(user_reviews) >= len(item_reviews) else item_reviews).pop(0)
+
+
+def format_completion(stars: float, review: str) -> str:
+    return f"stars: {_stars(stars)}\nreview: {review.strip()}"
+
+
+_STARS = re.compile(r"stars?\s*[:=]\s*\**\s*([0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
+_REVIEW = re.compile(r"review\s*[:=]\s*(.*)", re.IGNORECASE | re.DOTALL)
+
+
+def parse_completion(text: str) -> tuple[float | None, str | None]:
+    """(stars, review) from a model's answer; None for a part that is missing or unreadable.
+    Stars outside 1-5 are returned as they are: the caller decides (and counts) what to do."""
+    stars_match, review_match = _STARS.search(text), _REVIEW.search(text)
+    stars = float(stars_match.group(1)) if stars_match else None
+    review = review_match.group(1).strip() if review_match else None
+    return stars, review or None

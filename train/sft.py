@@ -1,0 +1,367 @@
+"""Fine-tune an LLM to write a user's stars and review: TRL SFTTrainer + PEFT LoRA / QLoRA.
+
+    # one CPU or one GPU
+    python -m train.sft --config configs/sft/smollm2_cpu.yaml
+    python -m train.sft --config configs/sft/smollm2_cpu.yaml --max_steps 20 --output_dir runs/sft/try
+    # several processes / GPUs on one node (accelerate configs in configs/accelerate/)
+    accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml -m train.sft --config configs/sft/qwen2.5-7b_lora.yaml
+    # a Slurm cluster, several nodes
+    sbatch --nodes 2 slurm/train.sbatch configs/sft/qwen2.5-7b_qlora.yaml
+
+The recipe is a YAML file of TRL's SFTConfig and ModelConfig fields plus RecipeArguments below;
+command-line flags override it; unknown keys are an error. The loss is on the completion (stars and
+review) plus EOS only. Gradient accumulation is computed from ``global_batch_size``. A run resumes
+from the last complete checkpoint in output_dir by itself; an explicit ``--resume_from_checkpoint``
+that is missing or empty is an error.
+
+output_dir then holds the LoRA adapter, the tokenizer with its chat template, a generation config
+whose EOS is the chat template's end-of-turn token, loss.png and a README.md model card (base model
+and revision, the training data's card, the recipe, the git commit, the LoRA settings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from data_prep.offline_models import resolve_model
+from data_prep.prompt import parse_completion, render_prompt
+from data_prep.provenance import provenance
+
+
+@dataclass
+class RecipeArguments:
+    pairs: str = field(metadata={"help": "a folder written by python -m data_prep.pairs"})
+    global_batch_size: int = field(
+        default=16, metadata={"help": "examples per optimizer step, all processes"}
+    )
+    max_train_examples: int | None = field(
+        default=None, metadata={"help": "use the first N training examples"}
+    )
+    max_eval_examples: int | None = field(
+        default=None, metadata={"help": "use the first N validation examples"}
+    )
+    sample_generations: int = field(
+        default=4, metadata={"help": "validation examples generated at each evaluation"}
+    )
+    wandb_project: str = field(default="usersim")
+
+
+def parse(argv: list[str] | None = None):
+    from trl import ModelConfig, SFTConfig, TrlParser
+
+    parser = TrlParser((RecipeArguments, SFTConfig, ModelConfig))
+    return parser.parse_args_and_config(args=argv)  # unknown YAML keys raise ValueError
+
+
+def gradient_accumulation(global_batch: int, per_device: int, world_size: int) -> int:
+    per_step = per_device * world_size
+    if global_batch % per_step:
+        raise ValueError(
+            f"global_batch_size {global_batch} is not a multiple of per_device_train_batch_size {per_device} "
+            f"x {world_size} processes"
+        )
+    return global_batch // per_step
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest checkpoint-N folder that finished saving (trainer_state.json is written last)."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return None
+    done = [
+        p
+        for p in folder.glob("checkpoint-*")
+        if (p / "trainer_state.json").exists() and p.name[11:].isdigit()
+    ]
+    return str(max(done, key=lambda p: int(p.name[11:]))) if done else None
+
+
+def resume_point(explicit: str | None, output_dir: str) -> str | None:
+    if explicit:
+        path = Path(explicit)
+        if not path.is_dir() or not any(path.iterdir()):
+            raise SystemExit(f"error: --resume_from_checkpoint {explicit} is missing or empty")
+        return explicit
+    return last_complete_checkpoint(output_dir)
+
+
+def stable_wandb_run_id(output_dir: str) -> str:
+    """The same id for every (re)start of one run: a Slurm requeue or a manual restart resumes it."""
+    return hashlib.sha256(str(Path(output_dir).resolve()).encode()).hexdigest()[:16]
+
+
+def load_pairs(recipe: RecipeArguments, tokenizer):
+    """The pairs as TRL's text prompt/completion: the prompt rendered by the shared renderer, the
+    completion as written (TRL appends EOS), so the loss covers exactly the completion plus EOS."""
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(Path(recipe.pairs) / "dataset"))
+
+    def to_text(example):
+        return {
+            "prompt": render_prompt(tokenizer, example["prompt"]),
+            "completion": example["completion"][0]["content"],
+        }
+
+    out = {}
+    for split, limit in (("train", recipe.max_train_examples), ("validation", recipe.max_eval_examples)):
+        part = data[split].select(range(min(limit, len(data[split])))) if limit else data[split]
+        out[split] = part.map(to_text, remove_columns=part.column_names, desc=f"rendering {split}")
+    return out
+
+
+def check_supervision(prepared, given: int) -> None:
+    """An example with no supervised token (its completion cut away by max_length) is an error.
+    TRL drops such examples while preparing the dataset, so count what it kept, and check what it kept."""
+    empty = [i for i, labels in enumerate(prepared["labels"]) if all(label == -100 for label in labels)]
+    lost = given - len(prepared)
+    if lost or empty:
+        raise ValueError(
+            f"{lost + len(empty)} of {given} training examples have no supervised token after truncation to "
+            "max_length; rebuild the pairs with a smaller --max-tokens or raise max_length"
+        )
+
+
+class SampleGenerations:
+    """At each evaluation (main process only): greedy generations for a few validation prompts next to
+    the truth, written to output_dir/samples/step_N.jsonl and logged to W&B as a table when W&B is on."""
+
+    def __init__(self, tokenizer, examples: list[dict], output_dir: str, max_new_tokens: int = 128):
+        self.tokenizer, self.examples, self.output_dir, self.max_new_tokens = (
+            tokenizer,
+            examples,
+            output_dir,
+            max_new_tokens,
+        )
+
+    def __call__(self, model, step: int) -> list[dict]:
+        import torch
+
+        rows = []
+        was_training = model.training
+        model.eval()
+        for example in self.examples:
+            inputs = self.tokenizer(example["prompt"], return_tensors="pt", add_special_tokens=False).to(
+                model.device
+            )
+            with torch.no_grad():
+                output = model.generate(
+                    **inputs,
+                    max_new_tokens=self.max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )
+            text = self.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+            stars, _ = parse_completion(text)
+            true_stars, _ = parse_completion(example["completion"])
+            rows.append(
+                {
+                    "step": step,
+                    "generated": text,
+                    "truth": example["completion"],
+                    "stars": stars,
+                    "true_stars": true_stars,
+                }
+            )
+        model.train(was_training)
+        folder = Path(self.output_dir) / "samples"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"step_{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        try:
+            import wandb
+
+            if wandb.run is not None:
+                table = wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])
+                wandb.log({"sample_generations": table}, commit=False)
+        except ImportError:
+            pass
+        return rows
+
+
+def make_callback(sampler: SampleGenerations):
+    from transformers import TrainerCallback
+
+    class Callback(TrainerCallback):
+        def on_evaluate(self, args, state, control, model=None, **kwargs):
+            if state.is_world_process_zero and model is not None and sampler.examples:
+                sampler(model, state.global_step)
+
+    return Callback()
+
+
+def throughput(trainer) -> dict:
+    """Tokens per second of this process's training (TRL logs num_tokens) and peak accelerator memory."""
+    import torch
+
+    history = trainer.state.log_history
+    tokens = max((h.get("num_tokens", 0) for h in history), default=0)
+    runtime = next((h["train_runtime"] for h in reversed(history) if "train_runtime" in h), None)
+    out = {
+        "tokens": tokens,
+        "train_runtime_s": runtime,
+        "tokens_per_second": round(tokens / runtime, 1) if runtime else None,
+    }
+    if torch.cuda.is_available():
+        out["peak_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return out
+
+
+def write_card(output_dir: str, recipe, training_args, model_args, base: str, trainer) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = trainer.state.log_history
+    train_points = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    eval_points = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if train_points:
+        ax.plot(*zip(*train_points, strict=True), label="train")
+    if eval_points:
+        ax.plot(*zip(*eval_points, strict=True), "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (completion tokens)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(Path(output_dir) / "loss.png", dpi=120)
+    plt.close(fig)
+
+    data_card_path = Path(recipe.pairs) / "card.json"
+    data_card = json.loads(data_card_path.read_text()) if data_card_path.exists() else None
+    recipe_dump = {
+        "recipe": asdict(recipe),
+        "model": asdict(model_args),
+        "training": {k: v for k, v in training_args.to_dict().items() if not k.startswith("_")},
+    }
+    card = {
+        "base_model": model_args.model_name_or_path,
+        "base_model_loaded_from": base,
+        "base_model_revision": model_args.model_revision,
+        "lora": {
+            "rank": model_args.lora_r,
+            "alpha": model_args.lora_alpha,
+            "dropout": model_args.lora_dropout,
+            "target_modules": model_args.lora_target_modules,
+            "4bit": model_args.load_in_4bit,
+        },
+        "steps": trainer.state.global_step,
+        "throughput": throughput(trainer),
+        "final_train_loss": train_points[-1][1] if train_points else None,
+        "final_eval_loss": eval_points[-1][1] if eval_points else None,
+        "provenance": provenance(
+            ["torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes"]
+        ),
+    }
+    (Path(output_dir) / "training_card.json").write_text(
+        json.dumps({**card, **recipe_dump, "data": data_card}, indent=2, default=str)
+    )
+    text = [
+        f"# LoRA adapter: user review simulation on {model_args.model_name_or_path}",
+        "",
+        "Predicts the stars and the review a user would write for an item, from the prompt of data_prep/prompt.py.",
+        "",
+        *(f"- **{k}**: `{json.dumps(v, default=str)}`" for k, v in card.items()),
+        f"- **training data**: `{recipe.pairs}` — `{json.dumps(data_card, default=str) if data_card else 'no card'}`",
+        "",
+        "## Recipe",
+        "```yaml",
+        yaml.safe_dump(json.loads(json.dumps(recipe_dump, default=str)), sort_keys=False).strip(),
+        "```",
+        "",
+        "Loss curve: loss.png. Full record: training_card.json.",
+    ]
+    (Path(output_dir) / "README.md").write_text("\n".join(text) + "\n")
+
+
+def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
+    """Everything up to training: configuration, data, model, trainer (checked). Returns
+    (trainer, tokenizer, recipe, training_args, model_args, base, resume)."""
+    # -- configuration ---------------------------------------------------------------------------------
+    recipe, training_args, model_args = parse(argv)
+    training_args.gradient_accumulation_steps = gradient_accumulation(
+        recipe.global_batch_size, training_args.per_device_train_batch_size, training_args.world_size
+    )
+    resume = resume_point(training_args.resume_from_checkpoint, training_args.output_dir)
+    if "wandb" in (training_args.report_to or []):
+        os.environ.setdefault("WANDB_PROJECT", recipe.wandb_project)
+        os.environ.setdefault("WANDB_RUN_ID", stable_wandb_run_id(training_args.output_dir))
+        os.environ.setdefault("WANDB_RESUME", "allow")
+
+    from transformers import AutoTokenizer, set_seed
+    from trl import SFTTrainer, get_peft_config, get_quantization_config
+
+    set_seed(training_args.seed)
+
+    # -- data ------------------------------------------------------------------------------------------
+    base = resolve_model(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(
+        base, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+    )
+    data = load_pairs(recipe, tokenizer)
+
+    # -- model -----------------------------------------------------------------------------------------
+    quantization = get_quantization_config(model_args)
+    init = {
+        "revision": model_args.model_revision,
+        "dtype": model_args.dtype or "auto",
+        "trust_remote_code": training_args.trust_remote_code,
+    }
+    if model_args.attn_implementation:
+        init["attn_implementation"] = model_args.attn_implementation
+    training_args.model_init_kwargs = {**init, **(training_args.model_init_kwargs or {})}
+    sampler = SampleGenerations(
+        tokenizer,
+        [data["validation"][i] for i in range(min(recipe.sample_generations, len(data["validation"])))],
+        training_args.output_dir,
+    )
+    trainer = SFTTrainer(
+        model=base,
+        args=training_args,
+        train_dataset=data["train"],
+        eval_dataset=data["validation"] if training_args.eval_strategy != "no" else None,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+        quantization_config=quantization,
+        callbacks=[make_callback(sampler), *(callbacks or [])],
+    )
+    check_supervision(trainer.train_dataset, len(data["train"]))
+    return trainer, tokenizer, recipe, training_args, model_args, base, resume
+
+
+def main(argv: list[str] | None = None, callbacks: list | None = None):
+    trainer, tokenizer, recipe, training_args, model_args, base, resume = build_trainer(argv, callbacks)
+
+    # -- train -----------------------------------------------------------------------------------------
+    if resume:
+        trainer.accelerator.print(f"resuming from {resume}")
+    trainer.train(resume_from_checkpoint=resume)
+
+    # -- save: adapter, tokenizer + chat template, generation config, card -------------------------------
+    trainer.save_model(training_args.output_dir)
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(training_args.output_dir)
+        generation = trainer.model.generation_config
+        generation.eos_token_id = tokenizer.eos_token_id  # the chat template's end of turn
+        generation.pad_token_id = tokenizer.pad_token_id
+        generation.save_pretrained(training_args.output_dir)
+        write_card(training_args.output_dir, recipe, training_args, model_args, base, trainer)
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        if losses and not all(math.isfinite(x) for x in losses):
+            print("warning: non-finite training loss; see training_card.json", file=sys.stderr)
+    trainer.accelerator.print(f"saved the adapter and its card to {training_args.output_dir}")
+    trainer.accelerator.wait_for_everyone()  # rank 0 wrote the card alone; leave together
+    trainer.end()  # finish W&B, destroy the process group
+    return trainer
+
+
+if __name__ == "__main__":
+    main()
