@@ -1,10 +1,11 @@
-"""Benchmark: the CPU demo recipe with and without padding-free batches, side by side in one run.
+"""Benchmark: the CPU demo recipe with and without padding-free (BFD) packing, side by side in one run.
 
     python -m bench.sft_bench --steps 8 --out runs/bench/sft_bench.json
 
 Each variant runs `python -m train.sft --config configs/sft/smollm2_cpu.yaml` for the same steps on the
 same pairs in its own process; reported: tokens/s (TRL's count of real tokens / train_runtime), wall
-time and peak RSS. Padding-free flattens a batch into one sequence with position_ids; the check below
+time and peak RSS. BFD packing (TRL's padding-free packing: best-fit decreasing into max_length rows,
+no padding) flattens sequences into one row with position_ids; the check below
 confirms that the model's loss on a flattened batch equals the padded batch's, i.e. the sequences do
 not attend to each other (transformers builds a block-diagonal mask from the position_ids).
 """
@@ -90,8 +91,10 @@ def run_variant(name: str, pairs_dir: Path, out: Path, steps: int, padding_free:
         "no",
         "--max_length",
         "256",
-        "--padding_free",
+        "--packing",
         str(padding_free).lower(),
+        "--packing_strategy",
+        "bfd",
         "--logging_steps",
         "1",
     ]
@@ -102,7 +105,7 @@ def run_variant(name: str, pairs_dir: Path, out: Path, steps: int, padding_free:
         raise SystemExit(f"failed: {' '.join(cmd)}")
     card = json.loads((out / name / "training_card.json").read_text())
     return {
-        "padding_free": padding_free,
+        "bfd_packing": padding_free,
         "wall_seconds": round(time.perf_counter() - started, 1),
         "peak_rss_mb": round(usage.ru_maxrss / 1024),
         **card["throughput"],

@@ -113,14 +113,32 @@ def format_completion(stars: float, review: str) -> str:
     return f"stars: {_stars(stars)}\nreview: {review.strip()}"
 
 
-_STARS = re.compile(r"stars?\s*[:=]\s*\**\s*([0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
+_NUMBERS = {"zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "ten": 10}
+_STARS = re.compile(r"(?:stars?|rating)\s*[:=]\s*\**\s*([0-9]+(?:\.[0-9]+)?|[a-z]+)", re.IGNORECASE)
+_WORD_STARS = re.compile(
+    r"\b([0-9]+(?:\.[0-9]+)?|" + "|".join(_NUMBERS) + r")\s*(?:out of 5\s*)?stars?\b", re.IGNORECASE
+)
 _REVIEW = re.compile(r"review\s*[:=]\s*(.*)", re.IGNORECASE | re.DOTALL)
+
+
+def _number(token: str) -> float | None:
+    token = token.lower()
+    if token in _NUMBERS:
+        return float(_NUMBERS[token])
+    try:
+        return float(token)
+    except ValueError:
+        return None
 
 
 def parse_completion(text: str) -> tuple[float | None, str | None]:
     """(stars, review) from a model's answer; None for a part that is missing or unreadable.
-    Stars outside 1-5 are returned as they are: the caller decides (and counts) what to do."""
-    stars_match, review_match = _STARS.search(text), _REVIEW.search(text)
-    stars = float(stars_match.group(1)) if stars_match else None
-    review = review_match.group(1).strip() if review_match else None
+    Accepts "stars: 4", "stars: four", "rating: 4.5", "4 stars", "four stars". Stars outside 1-5 are
+    returned as they are: the caller decides (and counts) what to do."""
+    match = _STARS.search(text) or _WORD_STARS.search(text)
+    stars = _number(match.group(1)) if match else None
+    review_match = _REVIEW.search(text)
+    review = review_match.group(1) if review_match else None
+    if review is not None:  # small models sometimes start the format again: keep the first answer
+        review = re.split(r"\n\s*(?:stars?|rating|review)\s*[:=]", review, flags=re.IGNORECASE)[0].strip()
     return stars, review or None

@@ -359,3 +359,31 @@ def test_slurm_script_dry_run_prints_the_resolved_commands():
         env=clean_env,
     )
     assert refused.returncode == 2 and "SLURM_JOB_ID is not set" in refused.stderr
+
+
+def test_wandb_offline_run_with_stable_id_and_generation_table(
+    tmp_path, tiny_model, amazon_pairs, monkeypatch
+):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    for name in ("WANDB_RUN_ID", "WANDB_PROJECT", "WANDB_RESUME"):  # set by sft.main; restored after the test
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "wandb").mkdir()
+    config = recipe(
+        tmp_path,
+        tiny_model,
+        amazon_pairs,
+        max_steps=2,
+        eval_strategy="steps",
+        eval_steps=2,
+        report_to=["wandb"],
+    )
+    sft.main(["--config", str(config)])
+    run_id = sft.stable_wandb_run_id(str(tmp_path / "out"))
+    assert run_id == sft.stable_wandb_run_id(str(tmp_path / "out"))  # the same on every restart
+    runs = list((tmp_path / "wandb").rglob(f"offline-run-*-{run_id}"))
+    assert len(runs) == 1
+    tables = list(runs[0].rglob("sample_generations*.table.json"))
+    assert tables and "generated" in tables[0].read_text()
+    samples = [json.loads(line) for line in (tmp_path / "out" / "samples" / "step_2.jsonl").open()]
+    assert len(samples) == 1 and samples[0]["truth"].startswith("stars: ")

@@ -118,15 +118,17 @@ def load_pairs(recipe: RecipeArguments, tokenizer):
     return out
 
 
-def check_supervision(prepared, given: int) -> None:
-    """An example with no supervised token (its completion cut away by max_length) is an error.
-    TRL drops such examples while preparing the dataset, so count what it kept, and check what it kept."""
-    empty = [i for i, labels in enumerate(prepared["labels"]) if all(label == -100 for label in labels)]
-    lost = given - len(prepared)
-    if lost or empty:
+def check_supervision(texts, tokenizer, max_length: int | None) -> None:
+    """An example whose prompt alone fills max_length has no supervised token left: an error (TRL
+    would drop it silently)."""
+    if not max_length:
+        return
+    lengths = [len(ids) for ids in tokenizer(list(texts["prompt"]), add_special_tokens=False)["input_ids"]]
+    full = [i for i, n in enumerate(lengths) if n >= max_length]
+    if full:
         raise ValueError(
-            f"{lost + len(empty)} of {given} training examples have no supervised token after truncation to "
-            "max_length; rebuild the pairs with a smaller --max-tokens or raise max_length"
+            f"{len(full)} of {len(lengths)} training examples have no supervised token once cut to max_length="
+            f"{max_length} (first: {full[:10]}); rebuild the pairs with a smaller --max-tokens or raise max_length"
         )
 
 
@@ -307,6 +309,7 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
         base, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
     )
     data = load_pairs(recipe, tokenizer)
+    check_supervision(data["train"], tokenizer, training_args.max_length)
 
     # -- model -----------------------------------------------------------------------------------------
     quantization = get_quantization_config(model_args)
@@ -333,7 +336,6 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
         quantization_config=quantization,
         callbacks=[make_callback(sampler), *(callbacks or [])],
     )
-    check_supervision(trainer.train_dataset, len(data["train"]))
     return trainer, tokenizer, recipe, training_args, model_args, base, resume
 
 

@@ -1,0 +1,170 @@
+"""LLM backends behind one interface: a batch of chat conversations in, one text per conversation out.
+
+- ``hf``: transformers (+ an optional PEFT adapter), batched left-padded generation, greedy when
+  temperature is 0;
+- ``vllm``: vLLM's offline engine, with a LoRA request when an adapter is given (``max_lora_rank`` read
+  from the adapter's config); vLLM is imported only when this backend is used;
+- ``openai``: any OpenAI-compatible endpoint (a vLLM server, a hosted model). The key comes from the
+  environment variable named by ``api_key_env``; requests run with bounded concurrency, a per-request
+  timeout, and the client's retries with exponential backoff on 429, 5xx and timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from data_prep.offline_models import resolve_model
+
+
+@dataclass
+class Sampling:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class LLMConfig:
+    backend: str = "hf"  # hf | vllm | openai
+    model: str = "smollm2-135m-instruct-offline"  # hub id, local folder, or the offline SmolLM2 alias
+    adapter: str | None = None  # a LoRA adapter folder (train.sft output)
+    generation_batch_size: int = 8  # hf: rows generated together
+    device: str = "auto"
+    # openai
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    concurrency: int = 8
+    timeout_s: float = 60.0
+    max_retries: int = 5
+    # vllm
+    gpu_memory_utilization: float = 0.85
+
+
+class HFBackend:
+    def __init__(self, config: LLMConfig):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = resolve_model(config.model)
+        device = (
+            config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        )
+        self.tokenizer = AutoTokenizer.from_pretrained(config.adapter or path)
+        self.tokenizer.padding_side = "left"  # generation continues the right end of every row
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if config.adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, config.adapter)
+        self.model = model.to(device).eval()
+        self.batch_size = config.generation_batch_size
+        self.info = {"backend": "hf", "model": config.model, "adapter": config.adapter, "device": device}
+
+    def generate(self, conversations: list[list[dict]], sampling: Sampling) -> list[str]:
+        import torch
+
+        torch.manual_seed(sampling.seed)
+        texts = [
+            self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+            for c in conversations
+        ]
+        outputs: list[str] = []
+        for start in range(0, len(texts), self.batch_size):
+            batch = self.tokenizer(
+                texts[start : start + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                add_special_tokens=False,
+            )
+            batch = batch.to(self.model.device)
+            kwargs = {"do_sample": sampling.temperature > 0}
+            if sampling.temperature > 0:
+                kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
+            with torch.no_grad():
+                generated = self.model.generate(
+                    **batch,
+                    max_new_tokens=sampling.max_new_tokens,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    eos_token_id=self.tokenizer.eos_token_id,
+                    **kwargs,
+                )
+            new = generated[:, batch["input_ids"].shape[1] :]
+            outputs.extend(self.tokenizer.batch_decode(new, skip_special_tokens=True))
+        return outputs
+
+
+class VLLMBackend:
+    def __init__(self, config: LLMConfig):
+        from vllm import LLM
+
+        self.lora = None
+        kwargs = {}
+        if config.adapter:
+            from vllm.lora.request import LoRARequest
+
+            rank = json.loads((Path(config.adapter) / "adapter_config.json").read_text())["r"]
+            kwargs.update(enable_lora=True, max_lora_rank=max(8, rank))
+            self.lora = LoRARequest("adapter", 1, str(config.adapter))
+        self.engine = LLM(
+            model=resolve_model(config.model),
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            **kwargs,
+            **config.extra,
+        )
+        self.info = {"backend": "vllm", "model": config.model, "adapter": config.adapter}
+
+    def generate(self, conversations: list[list[dict]], sampling: Sampling) -> list[str]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+        )
+        outputs = self.engine.chat(conversations, params, lora_request=self.lora, use_tqdm=False)
+        return [o.outputs[0].text for o in outputs]
+
+
+class OpenAIBackend:
+    def __init__(self, config: LLMConfig):
+        from openai import OpenAI
+
+        key = os.environ.get(config.api_key_env)
+        if not key:
+            raise SystemExit(f"error: set the API key in the environment variable {config.api_key_env}")
+        self.client = OpenAI(
+            base_url=config.base_url, api_key=key, timeout=config.timeout_s, max_retries=config.max_retries
+        )
+        self.model, self.concurrency = config.model, config.concurrency
+        self.info = {"backend": "openai", "model": config.model, "base_url": config.base_url}  # never the key
+
+    def _one(self, conversation: list[dict], sampling: Sampling) -> str:
+        response = self.client.chat.completions.create(
+            model=self.model,
+            messages=conversation,
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+        )
+        return response.choices[0].message.content or ""
+
+    def generate(self, conversations: list[list[dict]], sampling: Sampling) -> list[str]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(lambda c: self._one(c, sampling), conversations))
+
+
+def load_llm(config: LLMConfig):
+    backends = {"hf": HFBackend, "vllm": VLLMBackend, "openai": OpenAIBackend}
+    if config.backend not in backends:
+        raise ValueError(f"unknown LLM backend {config.backend!r}: one of {sorted(backends)}")
+    return backends[config.backend](config)
