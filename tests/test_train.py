@@ -320,7 +320,7 @@ def test_every_shipped_config_loads():
         # bf16 recipes are for GPUs; here they are checked in full except for transformers' hardware check
         overrides = ["--bf16", "false", "--use_cpu", "true"] if gpu_only else []
         recipe_args, training_args, model_args = sft.parse(["--config", str(path), *overrides])
-        assert recipe_args.pairs and model_args.model_name_or_path and training_args.report_to
+        assert recipe_args.pairs and model_args.model_name_or_path and training_args.report_to is not None
         assert "report_to" in yaml.safe_load(path.read_text())  # explicit in every recipe
     launchers = sorted((REPO_ROOT / "configs" / "accelerate").glob("*.yaml"))
     assert len(launchers) == 5

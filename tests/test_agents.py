@@ -1,0 +1,251 @@
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from agents import agent as agent_module
+from agents import simulate
+from agents.agent import AgentConfig, ReviewAgent
+from agents.llm import LLMConfig, OpenAIBackend, Sampling
+from data_prep import split
+from data_prep.store import ReviewStore
+from data_prep.tasks import read_targets, read_tasks
+
+
+@pytest.fixture(scope="module")
+def yelp_tasks(yelp_store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("agent_tasks")
+    split.main(
+        [
+            "--data",
+            str(yelp_store),
+            "--out",
+            str(out),
+            "--min-history",
+            "2",
+            "--max-tasks",
+            "20",
+            "--seed",
+            "1",
+        ]
+    )
+    return out
+
+
+def tasks_with_dates(task_dir):
+    targets = read_targets(task_dir)
+    return [{**t, "date": targets[t["task_id"]]["date"]} for t in read_tasks(task_dir)]
+
+
+# -- the OpenAI-compatible backend against a real HTTP server on loopback ------------------------------
+
+
+class Scripted(BaseHTTPRequestHandler):
+    script: list[str] = []  # per request: "429", "500", "slow" or "ok"
+    seen: list[str] = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Scripted.seen.append(self.headers.get("Authorization", ""))
+        action = Scripted.script.pop(0) if Scripted.script else "ok"
+        if action == "slow":
+            time.sleep(1.5)
+        if action in ("429", "500"):
+            self.send_response(int(action))
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Retry-After", "0")
+            self.end_headers()
+            self.wfile.write(b'{"error": {"message": "try later"}}')
+            return
+        reply = {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {
+                        "role": "assistant",
+                        "content": "stars: 4\nreview: " + body["messages"][-1]["content"],
+                    },
+                }
+            ],
+        }
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    Scripted.seen = []
+    yield f"http://127.0.0.1:{httpd.server_port}/v1"
+    httpd.shutdown()
+
+
+def test_openai_backend_retries_429_5xx_and_timeouts(server, monkeypatch):
+    monkeypatch.setenv("TEST_LLM_KEY", "sk-test-secret")
+    config = LLMConfig(
+        backend="openai",
+        model="m",
+        base_url=server,
+        api_key_env="TEST_LLM_KEY",
+        concurrency=2,
+        timeout_s=0.5,
+        max_retries=4,
+    )
+    backend = OpenAIBackend(config)
+    Scripted.script = ["429", "500", "ok"]
+    assert backend.generate([[{"role": "user", "content": "a"}]], Sampling()) == ["stars: 4\nreview: a"]
+    assert len(Scripted.seen) == 3 and Scripted.seen[0] == "Bearer sk-test-secret"
+    Scripted.script = ["slow", "ok"]  # the first answer comes after the 0.5 s timeout: retried
+    conversations = [[{"role": "user", "content": str(i)}] for i in range(3)]
+    assert backend.generate(conversations, Sampling()) == [f"stars: 4\nreview: {i}" for i in range(3)]
+    assert "sk-test-secret" not in json.dumps(backend.info)
+
+
+def test_openai_backend_needs_its_key(monkeypatch):
+    monkeypatch.delenv("NO_SUCH_KEY", raising=False)
+    with pytest.raises(SystemExit, match="NO_SUCH_KEY"):
+        OpenAIBackend(
+            LLMConfig(backend="openai", model="m", base_url="http://127.0.0.1:9", api_key_env="NO_SUCH_KEY")
+        )
+
+
+# -- retrieval, parsing, fallback ----------------------------------------------------------------------
+
+
+class FakeLLM:
+    """Scripted answers: first pass, then the stricter retry."""
+
+    def __init__(self, first: list[str], retry: list[str]):
+        self.first, self.retry, self.calls = first, retry, []
+
+    def generate(self, conversations, sampling):
+        self.calls.append(conversations)
+        return self.first if len(self.calls) == 1 else self.retry[: len(conversations)]
+
+
+def test_context_never_shows_a_target_or_a_later_review(yelp_store, yelp_tasks):
+    store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
+    agent = ReviewAgent(AgentConfig(kind="stats", retrieval="bm25", k_user=50, k_item=50), None, store)
+    targets = {row["review_id"] for row in read_targets(yelp_tasks).values()}
+    for task in tasks_with_dates(yelp_tasks):
+        ctx = agent.context(task)
+        shown = ctx["history"] + ctx["item_reviews"] + ctx["user_reviews"]
+        assert not {r["review_id"] for r in shown} & targets
+        assert all(r["date"] < task["date"] for r in shown)
+        assert not any(r["user_id"] == task["user_id"] and r["item_id"] == task["item_id"] for r in shown)
+
+
+def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yelp_tasks, monkeypatch):
+    first = [
+        "stars: 4\nreview: Lovely tacos.",  # fine
+        "I think it is good.",  # no stars, no review
+        "stars: nine\nreview: ",  # stars out of range, empty review
+        "stars: four\nreview: Good value.",  # stars as a word: fine
+    ]
+    retry = ["stars: 2\nreview: Slow service.", "still nothing"]  # the first retry works, the second does not
+    fake = FakeLLM(first, retry)
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: fake)
+    store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
+    agent = ReviewAgent(AgentConfig(kind="retrieval-llm", retrieval="bm25"), LLMConfig(), store)
+    predictions = agent.predict(tasks_with_dates(yelp_tasks)[:4])
+    assert [p.source for p in predictions] == ["llm", "llm_retry", "fallback", "llm"]
+    assert [p.stars for p in predictions[:2]] + [predictions[3].stars] == [4.0, 2.0, 4.0]
+    assert (
+        1 <= predictions[2].stars <= 5 and predictions[2].review.strip()
+    )  # calibrated stars, retrieved text
+    assert all(p.review.strip() for p in predictions)
+    assert agent.counts == {
+        "llm_answers": 4,
+        "parse_failures": 2,
+        "retries": 2,
+        "retry_successes": 1,
+        "fallbacks": 1,
+    }
+    assert "exactly two lines" in fake.calls[1][0][-1]["content"]  # the stricter instruction
+
+
+def test_star_model_reports_every_candidate_and_beats_the_user_mean(yelp_store, yelp_tasks):
+    store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
+    agent = ReviewAgent(AgentConfig(kind="stats", retrieval="bm25"), None, store)
+    report = agent.stars.report
+    scores = report["candidates_pe"]
+    assert report["chosen"] == max(scores, key=scores.get) and len(scores) >= 10
+    assert scores[report["chosen"]] >= scores["user_mean_shrink0"]
+
+
+# -- the runner ----------------------------------------------------------------------------------------
+
+
+def test_a_killed_run_resumes_without_duplicates(yelp_store, yelp_tasks, tmp_path):
+    config = tmp_path / "stats.yaml"
+    config.write_text("kind: stats\nretrieval: bm25\nbatch_size: 4\n")
+    base = [
+        "--config",
+        str(config),
+        "--data",
+        str(yelp_store),
+        "--tasks",
+        str(yelp_tasks),
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    simulate.main([*base, "--limit", "8"])
+    path = tmp_path / "run" / "predictions.jsonl"
+    with open(path, "a") as f:  # killed in the middle of writing a line
+        f.write('{"task_id": 9, "stars": 4')
+    summary = simulate.main(base)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    ids = [r["task_id"] for r in rows]
+    assert sorted(ids) == list(range(20)) and len(ids) == len(set(ids))
+    assert summary["ran_now"] == 12 and summary["predicted"] == 20 and summary["errors"] == 0
+    official = json.loads((tmp_path / "run" / "output.json").read_text())
+    assert len(official) == 20 and all(o["output"]["review"] for o in official)
+
+
+def test_hf_backend_batched_generation_equals_one_at_a_time(tmp_path):
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from agents.llm import HFBackend
+    from data_prep.offline_models import smollm2_offline
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_offline())
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.3,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    conversations = [
+        [{"role": "user", "content": text}] for text in ("hi", "a much longer question about tacos", "ok?")
+    ]
+    batched = HFBackend(LLMConfig(model=str(tmp_path / "tiny"), generation_batch_size=3, device="cpu"))
+    single = HFBackend(LLMConfig(model=str(tmp_path / "tiny"), generation_batch_size=1, device="cpu"))
+    sampling = Sampling(max_new_tokens=8)
+    together = batched.generate(conversations, sampling)
+    assert together == single.generate(conversations, sampling)  # left padding changes nothing
+    assert all(together) and len(together) == 3
