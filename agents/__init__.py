@@ -1,1 +1,1 @@
-"""agents package (see README)."""
+"""LLM backends, retrieval, calibrated stars, the review agent (agent.py) and its runner (simulate.py)."""

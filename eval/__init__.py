@@ -1,1 +1,1 @@
-"""eval package (see README)."""
+"""The shared evaluator: the AgentSociety review metrics (review.py is the CLI)."""

@@ -1,1 +1,1 @@
-"""train package (see README)."""
+"""LoRA / QLoRA fine-tuning of the review simulator (train/sft.py)."""
