@@ -47,3 +47,33 @@ def offline_scorers():
     from eval.backends import build_scorers
 
     return build_scorers("offline", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer Llama with random weights, saved with SmolLM2's tokenizer and chat template."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from data_prep.offline_models import smollm2_offline
+
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_offline())
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        initializer_range=0.3,  # large enough that a LoRA update can make the logits confident
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -218,33 +218,14 @@ def test_a_killed_run_resumes_without_duplicates(yelp_store, yelp_tasks, tmp_pat
     assert len(official) == 20 and all(o["output"]["review"] for o in official)
 
 
-def test_hf_backend_batched_generation_equals_one_at_a_time(tmp_path):
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
+def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model):
     from agents.llm import HFBackend
-    from data_prep.offline_models import smollm2_offline
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_offline())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=0.3,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
-    tokenizer.save_pretrained(tmp_path / "tiny")
     conversations = [
         [{"role": "user", "content": text}] for text in ("hi", "a much longer question about tacos", "ok?")
     ]
-    batched = HFBackend(LLMConfig(model=str(tmp_path / "tiny"), generation_batch_size=3, device="cpu"))
-    single = HFBackend(LLMConfig(model=str(tmp_path / "tiny"), generation_batch_size=1, device="cpu"))
+    batched = HFBackend(LLMConfig(model=str(tiny_model), generation_batch_size=3, device="cpu"))
+    single = HFBackend(LLMConfig(model=str(tiny_model), generation_batch_size=1, device="cpu"))
     sampling = Sampling(max_new_tokens=8)
     together = batched.generate(conversations, sampling)
     assert together == single.generate(conversations, sampling)  # left padding changes nothing

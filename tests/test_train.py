@@ -11,36 +11,8 @@ import torch
 import yaml
 
 from data_prep import build, pairs, split
-from data_prep.offline_models import smollm2_offline
 from data_prep.paths import REPO_ROOT
 from train import sft
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """A 2-layer Llama with random weights, saved with SmolLM2's tokenizer and chat template."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_offline())
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        initializer_range=0.3,  # large enough that a LoRA update can make the logits confident
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
