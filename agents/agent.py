@@ -14,7 +14,10 @@ fallback answers. A prediction never has an empty review. Retries and fallbacks 
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
+
+from tqdm import tqdm
 
 from agents.llm import LLMConfig, Sampling, load_llm
 from agents.retrieval import Retriever
@@ -41,6 +44,16 @@ class AgentConfig:
     temperature: float = 0.0
     seed: int = 0
     batch_size: int = 8
+    item_candidates: int = field(
+        default=100, metadata={"help": "retrieval ranks the item's most recent N older reviews"}
+    )
+    blend_validation: int = field(
+        default=0,
+        metadata={
+            "help": "tuned: ask the LLM for N validation reviews' stars and offer blends of the "
+            "calibrated stars with them as star-model candidates (0: no blend)"
+        },
+    )
 
 
 @dataclass
@@ -64,35 +77,68 @@ class ReviewAgent:
         self.retriever = Retriever(encoder if config.retrieval == "embedding" else None)
         self.llm = load_llm(llm_config) if config.kind != "stats" else None
         self.tokenizer = getattr(self.llm, "tokenizer", None)
-        self.stars = StarModel().fit(list(store.visible_reviews()))
-        self.counts = {
-            "llm_answers": 0,
-            "parse_failures": 0,
-            "retries": 0,
-            "retry_successes": 0,
-            "fallbacks": 0,
-        }
+        if config.item_candidates < 1:
+            raise ValueError("item_candidates must be at least 1")
+        visible = list(store.visible_reviews())
+        self.stars = StarModel().fit(visible)
+        self.counts = dict.fromkeys(
+            ("llm_answers", "parse_failures", "retries", "retry_successes", "fallbacks"), 0
+        )
+        if config.kind == "tuned" and config.blend_validation > 0:
+            self.stars = StarModel().fit(visible, llm_validation=self.llm_validation_stars())
+            self.stars.report["llm_validation_asked"] = self.blend_counts["asked"]
+
+    def llm_validation_stars(self) -> dict[str, float]:
+        """The LLM's stars for a seeded sample of the star model's validation reviews, each asked like a
+        task (only strictly older reviews shown). Unusable answers are left out and counted."""
+        pool = self.stars.validation
+        sample = random.Random(self.config.seed).sample(pool, min(self.config.blend_validation, len(pool)))
+        tasks = [
+            {"task_id": r["review_id"], "user_id": r["user_id"], "item_id": r["item_id"], "date": r["date"]}
+            for r in sample
+        ]
+        saved, answered = dict(self.counts), {}
+        for start in tqdm(range(0, len(tasks), self.config.batch_size), desc="LLM stars for the blend"):
+            batch = tasks[start : start + self.config.batch_size]
+            parsed, _, _ = self.ask(self.contexts(batch))
+            answered.update(
+                (t["task_id"], s) for t, (s, r) in zip(batch, parsed, strict=True) if usable(s, r)
+            )
+        self.blend_counts = {"asked": len(tasks), "answered": len(answered)}
+        self.counts = saved
+        return answered
 
     # -- context ---------------------------------------------------------------------------------------
     def context(self, task: dict) -> dict:
-        """What the agent may see for a task: only reviews strictly older than its target."""
-        before = task["date"]
-        user, item = self.store.get_user(task["user_id"]), self.store.get_item(task["item_id"])
-        history = self.store.get_reviews(user_id=task["user_id"], before=before)
-        item_reviews = self.store.get_reviews(item_id=task["item_id"], before=before)
-        item_text = describe_item(item)
-        style = " ".join(r["text"] for r in history[-3:]) or item_text
+        return self.contexts([task])[0]
+
+    def contexts(self, tasks: list[dict]) -> list[dict]:
+        """What the agent may see for each task: only reviews strictly older than its target (the store
+        hides the task pairs). Shown reviews are ranked by relevance, then put oldest first."""
         k_user, k_item = self.config.k_user, self.config.k_item
         if self.config.kind == "asc-baseline":
             k_user, k_item = 0, 1
-        return {
-            "user": user,
-            "item": item,
-            "history": history,
-            "user_reviews": self.retriever.rank(item_text, history, k_user),
-            "item_reviews": self.retriever.rank(style, item_reviews, k_item),
-            "item_text": item_text,
-        }
+        contexts, requests = [], []
+        for task in tasks:
+            before = task["date"]
+            user, item = self.store.get_user(task["user_id"]), self.store.get_item(task["item_id"])
+            history = self.store.get_reviews(user_id=task["user_id"], before=before)
+            item_pool = self.store.get_reviews(item_id=task["item_id"], before=before)
+            item_pool = item_pool[-self.config.item_candidates :]  # the most recent ones
+            item_text = describe_item(item)
+            style = " ".join(r["text"] for r in history[-3:]) or item_text
+            ctx = {"user": user, "item": item, "history": history, "item_pool": item_pool}
+            ctx["item_text"] = item_text
+            contexts.append(ctx)
+            if self.config.kind == "stats":  # only the fallback review is needed
+                requests += [(item_text, history, 1), (item_text, item_pool, 0 if history else 1)]
+            else:
+                requests += [(item_text, history, k_user), (style, item_pool, k_item)]
+        ranked = self.retriever.rank_many(requests)
+        by_age = lambda reviews: sorted(reviews, key=lambda r: (r["date"], r["review_id"]))  # noqa: E731
+        for n, ctx in enumerate(contexts):
+            ctx["user_reviews"], ctx["item_reviews"] = by_age(ranked[2 * n]), by_age(ranked[2 * n + 1])
+        return contexts
 
     def messages(self, ctx: dict) -> list[dict]:
         if self.tokenizer is not None:
@@ -109,15 +155,15 @@ class ReviewAgent:
 
     def fallback_review(self, ctx: dict) -> str:
         """The most relevant past review of the user, else of the item, else a neutral sentence."""
-        for pool, query in ((ctx["history"], ctx["item_text"]), (ctx["item_reviews"], ctx["item_text"])):
-            best = self.retriever.rank(query, pool, 1)
+        for pool in (ctx["history"], ctx["item_pool"]):
+            best = self.retriever.rank(ctx["item_text"], pool, 1)
             if best:
                 return best[0]["text"]
         return "It was fine."
 
     # -- prediction ------------------------------------------------------------------------------------
     def predict(self, tasks: list[dict]) -> list[Prediction]:
-        contexts = [self.context(t) for t in tasks]
+        contexts = self.contexts(tasks)
         if self.llm is None:
             return [
                 Prediction(
@@ -128,26 +174,7 @@ class ReviewAgent:
                 )
                 for t, c in zip(tasks, contexts, strict=True)
             ]
-        sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
-        conversations = [self.messages(c) for c in contexts]
-        answers = self.llm.generate(conversations, sampling)
-        self.counts["llm_answers"] += len(answers)
-        parsed = [parse_completion(a) for a in answers]
-        sources = ["llm"] * len(tasks)
-        bad = [i for i, (s, r) in enumerate(parsed) if not usable(s, r)]
-        self.counts["parse_failures"] += len(bad)
-        if bad:  # one retry, stricter
-            retry = [
-                conversations[i]
-                + [{"role": "assistant", "content": answers[i]}, {"role": "user", "content": STRICT}]
-                for i in bad
-            ]
-            self.counts["retries"] += len(bad)
-            for i, answer in zip(bad, self.llm.generate(retry, sampling), strict=True):
-                stars, review = parse_completion(answer)
-                if usable(stars, review):
-                    parsed[i], answers[i], sources[i] = (stars, review), answer, "llm_retry"
-                    self.counts["retry_successes"] += 1
+        parsed, answers, sources = self.ask(contexts)
         out = []
         for task, ctx, (stars, review), answer, source in zip(
             tasks, contexts, parsed, answers, sources, strict=True
@@ -163,3 +190,28 @@ class ReviewAgent:
                 stars = self.stars.predict(task["user_id"], task["item_id"], llm_stars=stars)
             out.append(Prediction(task["task_id"], float(stars), review.strip(), source, answer))
         return out
+
+    def ask(self, contexts: list[dict]) -> tuple[list[tuple], list[str], list[str]]:
+        """The LLM's parsed answers (stars, review), raw answers and sources; unusable answers are asked
+        once more with a stricter instruction."""
+        sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
+        conversations = [self.messages(c) for c in contexts]
+        answers = self.llm.generate(conversations, sampling)
+        self.counts["llm_answers"] += len(answers)
+        parsed = [parse_completion(a) for a in answers]
+        sources = ["llm"] * len(contexts)
+        bad = [i for i, (s, r) in enumerate(parsed) if not usable(s, r)]
+        self.counts["parse_failures"] += len(bad)
+        if bad:  # one retry, stricter
+            retry = [
+                conversations[i]
+                + [{"role": "assistant", "content": answers[i]}, {"role": "user", "content": STRICT}]
+                for i in bad
+            ]
+            self.counts["retries"] += len(bad)
+            for i, answer in zip(bad, self.llm.generate(retry, sampling), strict=True):
+                stars, review = parse_completion(answer)
+                if usable(stars, review):
+                    parsed[i], answers[i], sources[i] = (stars, review), answer, "llm_retry"
+                    self.counts["retry_successes"] += 1
+        return parsed, answers, sources

@@ -30,22 +30,30 @@ def bm25_scores(query: str, documents: list[str], k1: float = 1.5, b: float = 0.
 
 
 class Retriever:
-    """``encoder``: texts -> embeddings (e.g. eval.backends' packaged MiniLM); None means BM25."""
+    """``encoder``: texts -> embeddings (e.g. eval.backends' packaged MiniLM); None means BM25.
 
-    def __init__(self, encoder=None):
-        self.encoder = encoder
+    Embeddings are cached per text (at most ``cache_size`` texts; the cache is emptied when full), and
+    ``rank_many`` encodes every new text of a batch of requests in one encoder call."""
+
+    def __init__(self, encoder=None, cache_size: int = 500_000):
+        self.encoder, self.cache_size = encoder, cache_size
         self._cache: dict[str, np.ndarray] = {}
         self.method = "embedding" if encoder is not None else "bm25"
+        self.encoded = 0  # texts sent to the encoder
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         todo = [t for t in dict.fromkeys(texts) if t not in self._cache]
         if todo:
-            for text, vector in zip(todo, np.asarray(self.encoder(todo), dtype=np.float64), strict=True):
-                self._cache[text] = vector / (np.linalg.norm(vector) or 1.0)
+            if len(self._cache) + len(todo) > self.cache_size:
+                self._cache.clear()
+            vectors = np.asarray(self.encoder(todo), dtype=np.float32)
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+            self._cache.update(zip(todo, vectors, strict=True))
+            self.encoded += len(todo)
         return np.stack([self._cache[t] for t in texts])
 
     def rank(self, query: str, reviews: list[dict], k: int) -> list[dict]:
-        """The k most relevant reviews, returned oldest first (the order the prompt shows)."""
+        """The k most relevant reviews, most relevant first."""
         if k <= 0 or not reviews:
             return []
         texts = [r["text"] for r in reviews]
@@ -54,5 +62,17 @@ class Retriever:
             scores = vectors[1:] @ vectors[0]
         else:
             scores = bm25_scores(query, texts)
-        best = np.argsort(-scores, kind="stable")[:k]
-        return sorted((reviews[i] for i in best), key=lambda r: (r["date"], r["review_id"]))
+        return [reviews[i] for i in np.argsort(-scores, kind="stable")[:k]]
+
+    def rank_many(self, requests: list[tuple[str, list[dict], int]]) -> list[list[dict]]:
+        """``rank`` for each (query, reviews, k), with all new texts encoded together first."""
+        if self.encoder is not None:
+            texts = [
+                t
+                for q, reviews, k in requests
+                if k > 0 and reviews
+                for t in (q, *(r["text"] for r in reviews))
+            ]
+            if texts:
+                self._embed(texts)
+        return [self.rank(q, reviews, k) for q, reviews, k in requests]

@@ -93,31 +93,39 @@ class StarModel:
 
     def fit(self, visible: list[dict], llm_validation: dict[str, float] | None = None) -> StarModel:
         train, validation = split_visible(visible)
+        self.validation = validation
         truth = np.array([r["stars"] for r in validation])
         scores, predictions = {}, {}
         for name, predict in candidates(train).items():
             predictions[name] = np.array([predict(r["user_id"], r["item_id"]) for r in validation])
             scores[name] = pe(predictions[name], truth)
-        best = max(scores, key=scores.get)
-        self.blend_weight = None
-        if llm_validation:  # blend the best model with the LLM's stars where the LLM answered
+        best = chosen = max(scores, key=scores.get)
+        self.blend_weight, self.blend_rounded = None, False
+        if llm_validation:  # blends of the best model with the LLM's stars, where the LLM answered
             have = [k for k, r in enumerate(validation) if r["review_id"] in llm_validation]
             llm = np.array([llm_validation[validation[k]["review_id"]] for k in have])
-            for w in (0.25, 0.5, 0.75):
+            reference = f"{best}_on_llm_subset"
+            scores[reference] = pe(predictions[best][have], truth[have])
+            blends = {}
+            for w in (0.0, 0.25, 0.5, 0.75):  # w = weight of the model; 0 = the LLM's stars alone
                 blended = w * predictions[best][have] + (1 - w) * llm
-                scores[f"blend_{best}_{w:g}"] = pe(blended, truth[have])
-            scores[f"{best}_on_llm_subset"] = pe(predictions[best][have], truth[have])
-            blend = max((k for k in scores if k.startswith("blend_")), key=scores.get)
-            if scores[blend] > scores[f"{best}_on_llm_subset"]:
-                self.blend_weight = float(blend.rsplit("_", 1)[1])
+                for rounded in (False, True):
+                    name = f"blend_{w:g}_{best}{'_rounded' if rounded else ''}"
+                    scores[name] = pe(np.rint(blended) if rounded else blended, truth[have])
+                    blends[name] = (w, rounded)
+            blend = max(blends, key=scores.get)
+            if scores[blend] > scores[reference]:
+                self.blend_weight, self.blend_rounded = blends[blend]
+                chosen = blend
         self.report = {
             "validation_reviews": len(validation),
             "train_reviews": len(train),
             "candidates_pe": {k: round(v, 4) for k, v in sorted(scores.items(), key=lambda kv: -kv[1])},
-            "chosen": best,
+            "chosen": chosen,
             "blend_weight_on_model": self.blend_weight,
+            "llm_validation_stars": len(llm_validation) if llm_validation else 0,
         }
-        self.name = best
+        self.name = chosen
         self.predict_fn = candidates(train + validation)[best]  # refit on everything visible
         return self
 
@@ -125,4 +133,5 @@ class StarModel:
         value = self.predict_fn(user, item)
         if self.blend_weight is not None and llm_stars is not None:
             value = self.blend_weight * value + (1 - self.blend_weight) * llm_stars
+            value = np.rint(value) if self.blend_rounded else value
         return float(np.clip(value, 1, 5))

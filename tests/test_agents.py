@@ -1,4 +1,5 @@
 import json
+import random
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -9,6 +10,7 @@ from agents import agent as agent_module
 from agents import simulate
 from agents.agent import AgentConfig, ReviewAgent
 from agents.llm import LLMConfig, OpenAIBackend, Sampling
+from agents.stars import StarModel
 from data_prep import split
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
@@ -145,7 +147,7 @@ def test_context_never_shows_a_target_or_a_later_review(yelp_store, yelp_tasks):
     targets = {row["review_id"] for row in read_targets(yelp_tasks).values()}
     for task in tasks_with_dates(yelp_tasks):
         ctx = agent.context(task)
-        shown = ctx["history"] + ctx["item_reviews"] + ctx["user_reviews"]
+        shown = ctx["history"] + ctx["item_pool"] + ctx["item_reviews"] + ctx["user_reviews"]
         assert not {r["review_id"] for r in shown} & targets
         assert all(r["date"] < task["date"] for r in shown)
         assert not any(r["user_id"] == task["user_id"] and r["item_id"] == task["item_id"] for r in shown)
@@ -187,6 +189,55 @@ def test_star_model_reports_every_candidate_and_beats_the_user_mean(yelp_store, 
     scores = report["candidates_pe"]
     assert report["chosen"] == max(scores, key=scores.get) and len(scores) >= 10
     assert scores[report["chosen"]] >= scores["user_mean_shrink0"]
+
+
+def test_star_model_blends_with_llm_stars_only_when_validation_says_so(yelp_store, yelp_tasks):
+    visible = list(ReviewStore.open(yelp_store, tasks=yelp_tasks).visible_reviews())
+    validation = StarModel().fit(visible).validation
+    oracle = {r["review_id"]: r["stars"] for r in validation[::2]}  # an LLM that knows half the answers
+    model = StarModel().fit(visible, llm_validation=oracle)
+    scores = model.report["candidates_pe"]
+    assert model.name.startswith("blend_0_") and scores[model.name] == 1.0
+    assert model.blend_weight == 0.0 and model.report["llm_validation_stars"] == len(oracle)
+    assert model.predict("any user", "any item", llm_stars=2.0) == 2.0
+    liar = {r["review_id"]: 6 - r["stars"] for r in validation}  # always wrong: no blend
+    model = StarModel().fit(visible, llm_validation=liar)
+    assert model.blend_weight is None and not model.name.startswith("blend")
+    assert model.predict("u", "i", llm_stars=1.0) == model.predict("u", "i")
+
+
+class ConstantLLM:
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, conversations, sampling):
+        self.calls.append(conversations)
+        return ["stars: 5\nreview: Fine." for _ in conversations]
+
+
+def test_tuned_agent_asks_the_llm_for_validation_stars_to_fit_the_blend(yelp_store, yelp_tasks, monkeypatch):
+    fake = ConstantLLM()
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: fake)
+    store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
+    config = AgentConfig(kind="tuned", retrieval="bm25", blend_validation=10, batch_size=4)
+    agent = ReviewAgent(config, LLMConfig(), store)
+    report = agent.stars.report
+    assert report["llm_validation_asked"] == 10 and report["llm_validation_stars"] == 10
+    assert any(name.startswith("blend_0.5_") for name in report["candidates_pe"])
+    assert [len(c) for c in fake.calls] == [4, 4, 2] and agent.counts["llm_answers"] == 0
+    asked = random.Random(config.seed).sample(agent.stars.validation, 10)  # the agent's sample
+    targets = {row["review_id"] for row in read_targets(yelp_tasks).values()}
+    assert not {r["review_id"] for r in asked} & targets  # carved from visible reviews, never the tasks
+    conversations = [c for call in fake.calls for c in call]
+    shown = 0
+    for review, conversation in zip(asked, conversations, strict=True):
+        # each validation review is asked like a task: older reviews are shown, never its own text
+        prompt = conversation[-1]["content"]
+        assert review["text"].strip()[:80] not in prompt
+        ctx = agent.context({**review, "task_id": 0})
+        assert all(r["date"] < review["date"] for r in ctx["user_reviews"])
+        shown += sum(r["text"].strip()[:80] in prompt for r in ctx["user_reviews"])
+    assert shown >= 10
 
 
 # -- the runner ----------------------------------------------------------------------------------------

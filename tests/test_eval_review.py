@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from data_prep import split
+from data_prep.store import ReviewStore
+from data_prep.tasks import read_targets, read_tasks
 from eval import baselines, review
 from eval.backends import build_scorers
 
@@ -70,6 +72,23 @@ def test_previous_review_baseline_end_to_end(yelp_store, tasks, tmp_path, offlin
     assert np.mean([s["topic_error"] for s in samples]) == pytest.approx(results["topic_error"])
     for name in ("star_confusion.png", "text_errors.png"):
         assert (tmp_path / "eval" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_user_mean_baseline_averages_only_older_reviews(yelp_store, tasks, tmp_path):
+    out = tmp_path / "mean.jsonl"
+    baselines.main(["user-mean", "--data", str(yelp_store), "--tasks", str(tasks), "--out", str(out)])
+    rows = {r["task_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    store, targets = ReviewStore.open(yelp_store), read_targets(tasks)  # nothing blocked
+    assert len(rows) == 30
+    for task_id, row in rows.items():
+        task = read_tasks(tasks)[task_id]
+        older = [
+            r
+            for r in store.get_reviews(user_id=task["user_id"])
+            if r["date"] < targets[task_id]["date"] and r["item_id"] != task["item_id"]
+        ]
+        assert row["stars"] == pytest.approx(np.mean([r["stars"] for r in older]))
+        assert row["review"] == older[-1]["text"]
 
 
 def test_truth_as_prediction_scores_perfectly(tasks, tmp_path, offline_scorers):
