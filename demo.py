@@ -1,12 +1,17 @@
-"""The main job end to end on the embedded default samples (what `make demo` runs).
+"""The main job end to end on the embedded default sample (what `make demo` runs, about 17 minutes on
+2 CPU cores).
 
     python demo.py --shared ../shared/data/raw --out runs/demo
 
-Today: build the Amazon 2018 and Yelp samples into review stores, print their reports, write
-leave-last-out evaluation tasks for each, score a model-free baseline (each user's previous review)
-with the offline evaluator, print the comparison table, then build training pairs from the Amazon
-sample and fine-tune a LoRA adapter on SmolLM2-135M-Instruct on the CPU (configs/sft/smollm2_cpu.yaml,
-about 5 minutes), writing its loss curve. Rerunning resumes or skips what is done. Where ../shared/data/raw is absent it fetches a small public
+1. build the Amazon 2018 sample into a review store and print its report (data_prep.build);
+2. hold out each of 50 users' latest review as an evaluation task (data_prep.split, leave-last-out);
+3. build leakage-proof training pairs from the rest (data_prep.pairs) and fine-tune a LoRA adapter on
+   SmolLM2-135M-Instruct on the CPU (train.sft, configs/sft/smollm2_cpu.yaml), writing its loss curve;
+4. simulate the 50 held-out tasks with all four agents (stats, asc-baseline, retrieval-llm, tuned) and
+   two model-free baselines, score everything with the offline evaluator, print the comparison table
+   and write its chart (agents.suite).
+
+Rerunning resumes or skips what is done. Where ../shared/data/raw is absent it fetches a small public
 Amazon Reviews 2023 sample instead (needs the Hugging Face Hub) and says so.
 """
 
@@ -14,30 +19,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
+from agents import suite
 from data_prep import build, pairs, split
 from data_prep.store import ReviewStore
-from eval import baselines, review
 from train import sft
 
 
-def samples(shared: Path, out: Path) -> dict[str, list[str]]:
-    """name -> build arguments, from the shared samples when present, else a fetched public sample."""
-    amazon, yelp = shared / "amazon2018_5core_small", shared / "yelp_asc_sample"
-    if amazon.is_dir() and yelp.is_dir():
-        print(f"samples: {amazon} and {yelp}")
-        return {
-            "amazon": ["--source", "amazon2018", "--input", str(amazon)],
-            "yelp": ["--source", "asc", "--platform", "yelp", "--input", str(yelp)],
-        }
+def sample(shared: Path, out: Path) -> list[str]:
+    """Build arguments for the shared Amazon 2018 sample when present, else for a fetched public one."""
+    amazon = shared / "amazon2018_5core_small"
+    if amazon.is_dir():
+        print(f"sample: {amazon}")
+        return ["--source", "amazon2018", "--input", str(amazon)]
     from data_prep.fetch_sample import fetch
 
     print(
-        f"{shared} not found: fetching a public Amazon Reviews 2023 sample (Magazine_Subscriptions) instead"
+        f"{amazon} not found: fetching a public Amazon Reviews 2023 sample (Magazine_Subscriptions) instead"
     )
-    files = fetch("Magazine_Subscriptions", 20_000, out / "raw")
-    return {"amazon": ["--source", "amazon2023", "--input", *map(str, files)]}
+    return [
+        "--source",
+        "amazon2023",
+        "--input",
+        *map(str, fetch("Magazine_Subscriptions", 20_000, out / "raw")),
+    ]
 
 
 def main() -> None:
@@ -47,55 +54,37 @@ def main() -> None:
     parser.add_argument("--shared", type=Path, default=Path("../shared/data/raw"))
     parser.add_argument("--out", type=Path, default=Path("runs/demo"))
     args = parser.parse_args()
+    out, started = args.out, time.perf_counter()
+    data, tasks = out / "data" / "amazon", out / "tasks" / "amazon"
 
-    out = args.out
-    results = []
-    for name, build_args in samples(args.shared, out).items():
-        data, tasks = out / "data" / name, out / "tasks" / name
-        predictions, scored = (
-            out / "predictions" / name / "previous_review.jsonl",
-            out / "eval" / name / "previous_review",
-        )
-
-        print(f"\n=== {name}: build")
-        report = build.main([*build_args, "--out", str(data), "--overwrite"])
-        keys = (
-            "reviews_read",
-            "reviews_kept",
-            "reviews_rejected",
-            "reviews_filtered",
-            "users",
-            "items",
-            "reasons",
-        )
-        print(json.dumps({k: report[k] for k in keys}, indent=2))
-
-        print(f"=== {name}: split (leave-last-out, min history 2, 50 tasks)")
-        split.main(f"--data {data} --out {tasks} --min-history 2 --max-tasks 50 --seed 0 --overwrite".split())
-        store = ReviewStore.open(data, tasks=tasks)
-        task = json.loads((tasks / "tasks" / "task_0.json").read_text())
-        visible = store.get_reviews(user_id=task["user_id"])
-        hidden = store.get_reviews(user_id=task["user_id"], item_id=task["item_id"])
-        print(
-            f"task_0: {len(visible)} reviews of its user are visible; {len(hidden)} for the target pair (blocked)"
-        )
-
-        print(f"=== {name}: score a model-free baseline, each user's previous review (offline evaluator)")
-        baselines.main(f"previous-review --data {data} --tasks {tasks} --out {predictions}".split())
-        review.main(f"--tasks {tasks} --predictions {predictions} --out {scored}".split())
-        results.append((f"{name}/previous-review", scored / "results.json"))
-
-    print("\n=== comparison")
-    names = [n for n, _ in results]
-    review.main(["--compare", *(str(p) for _, p in results), "--names", *names, "--out", str(out / "eval")])
-
-    print("\n=== amazon: training pairs (task pairs blocked, only strictly older reviews shown)")
-    pairs_dir = out / "pairs" / "amazon"
-    pairs.main(
-        f"--data {out / 'data/amazon'} --tasks {out / 'tasks/amazon'} --out {pairs_dir} --k-user 2 --k-item 1 --max-tokens 256".split()
+    print("\n=== 1. build the review store")
+    report = build.main([*sample(args.shared, out), "--out", str(data), "--overwrite"])
+    keys = (
+        "reviews_read",
+        "reviews_kept",
+        "reviews_rejected",
+        "reviews_filtered",
+        "users",
+        "items",
+        "reasons",
     )
-    print("\n=== amazon: LoRA fine-tuning of SmolLM2-135M-Instruct on the CPU (configs/sft/smollm2_cpu.yaml)")
-    adapter = out / "sft" / "smollm2_lora"
+    print(json.dumps({k: report[k] for k in keys}, indent=2))
+
+    print("\n=== 2. split: leave-last-out, min history 2, 50 tasks")
+    split.main(f"--data {data} --out {tasks} --min-history 2 --max-tasks 50 --seed 0 --overwrite".split())
+    store = ReviewStore.open(data, tasks=tasks)
+    task = json.loads((tasks / "tasks" / "task_0.json").read_text())
+    visible = store.get_reviews(user_id=task["user_id"])
+    hidden = store.get_reviews(user_id=task["user_id"], item_id=task["item_id"])
+    print(
+        f"task_0: {len(visible)} reviews of its user are visible; {len(hidden)} for the target pair (blocked)"
+    )
+
+    print("\n=== 3. training pairs (task pairs blocked, only strictly older reviews shown) and LoRA SFT")
+    pairs_dir, adapter = out / "pairs" / "amazon", out / "sft" / "smollm2_lora"
+    pairs.main(
+        f"--data {data} --tasks {tasks} --out {pairs_dir} --k-user 2 --k-item 1 --max-tokens 256".split()
+    )
     trainer = sft.main(
         ["--config", "configs/sft/smollm2_cpu.yaml", "--pairs", str(pairs_dir), "--output_dir", str(adapter)]
     )
@@ -105,6 +94,10 @@ def main() -> None:
         f"train loss {losses[0]:.3f} -> {losses[-1]:.3f}; validation loss {' -> '.join(f'{x:.3f}' for x in evals)}"
     )
     print(f"adapter, tokenizer, model card: {adapter}; loss curve: {adapter / 'loss.png'}")
+
+    print("\n=== 4. simulate the 50 held-out tasks with every agent and score them (offline evaluator)")
+    suite.run_suite(data, tasks, out / "suite" / "amazon", adapter)
+    print(f"\ndemo finished in {(time.perf_counter() - started) / 60:.1f} min")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ class ReviewAgent:
         self.tokenizer = getattr(self.llm, "tokenizer", None)
         if config.item_candidates < 1:
             raise ValueError("item_candidates must be at least 1")
-        visible = list(store.visible_reviews())
+        visible = store.visible_ratings()
         self.stars = StarModel().fit(visible)
         self.counts = dict.fromkeys(
             ("llm_answers", "parse_failures", "retries", "retry_successes", "fallbacks"), 0
@@ -94,8 +94,8 @@ class ReviewAgent:
         pool = self.stars.validation
         sample = random.Random(self.config.seed).sample(pool, min(self.config.blend_validation, len(pool)))
         tasks = [
-            {"task_id": r["review_id"], "user_id": r["user_id"], "item_id": r["item_id"], "date": r["date"]}
-            for r in sample
+            {"task_id": review_id, "user_id": user, "item_id": item, "date": ts}
+            for review_id, user, item, ts, _ in sample
         ]
         saved, answered = dict(self.counts), {}
         for start in tqdm(range(0, len(tasks), self.config.batch_size), desc="LLM stars for the blend"):

@@ -219,17 +219,26 @@ class ReviewStore:
         sql = f"SELECT data FROM reviews r WHERE {' AND '.join(where)} ORDER BY r.ts, r.review_id"
         return [orjson.loads(data) for (data,) in self.conn.execute(sql, args)]
 
+    def _visible_where(self) -> str:
+        if not self.blocked:
+            return ""
+        return "WHERE NOT EXISTS (SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)"
+
     def visible_reviews(self):
         """Every review not hidden by the block set, by user then time (streams; for training pairs)."""
-        where = (
-            "WHERE NOT EXISTS (SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)"
-            if self.blocked
-            else ""
-        )
+        where = self._visible_where()
         for (data,) in self.conn.execute(
             f"SELECT data FROM reviews r {where} ORDER BY r.user_id, r.ts, r.review_id"
         ):
             yield orjson.loads(data)
+
+    def visible_ratings(self) -> list[tuple[str, str, str, int, float]]:
+        """(review_id, user_id, item_id, ts, stars) of every review not hidden by the block set: no texts,
+        so star models fit on millions of reviews in little memory."""
+        where = self._visible_where()
+        return self.conn.execute(
+            f"SELECT review_id, user_id, item_id, ts, stars FROM reviews r {where}"
+        ).fetchall()
 
     def meta(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT key, value FROM meta"))

@@ -76,3 +76,33 @@ def aggregate(star: np.ndarray, sentiment: np.ndarray, emotion: np.ndarray, topi
         "emotion_error": emo,
         "topic_error": top,
     }
+
+
+def paired_bootstrap(
+    a: dict[str, np.ndarray], b: dict[str, np.ndarray], metric: str, resamples: int = 2000, seed: int = 0
+) -> dict:
+    """metric(a) - metric(b) on the same tasks, with a 95% paired bootstrap interval over tasks.
+
+    a, b: per-task terms ("star", "sentiment", "emotion", "topic"), row k of both being the same task.
+    """
+    n = len(a["star"])
+    if n != len(b["star"]):
+        raise ValueError("paired_bootstrap needs the same tasks on both sides")
+    terms = ("star", "sentiment", "emotion", "topic")
+
+    def value(side: dict, rows: np.ndarray) -> float:
+        return aggregate(*(np.asarray(side[t])[rows] for t in terms))[metric]
+
+    everything = np.arange(n)
+    rng = np.random.default_rng(seed)
+    diffs = np.array(
+        [value(a, rows) - value(b, rows) for rows in (rng.integers(0, n, n) for _ in range(resamples))]
+    )
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    return {
+        "metric": metric,
+        "difference": value(a, everything) - value(b, everything),
+        "ci95": [float(low), float(high)],
+        "share_of_resamples_above_zero": float(np.mean(diffs > 0)),
+        "n": n,
+    }

@@ -7,12 +7,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from agents import agent as agent_module
-from agents import simulate
+from agents import simulate, suite
 from agents.agent import AgentConfig, ReviewAgent
 from agents.llm import LLMConfig, OpenAIBackend, Sampling
-from agents.stars import StarModel
+from agents.stars import StarModel, Tables, candidates, split_visible
 from data_prep import split
-from data_prep.store import ReviewStore
+from data_prep.store import ReviewStore, to_epoch
 from data_prep.tasks import read_targets, read_tasks
 
 
@@ -191,16 +191,35 @@ def test_star_model_reports_every_candidate_and_beats_the_user_mean(yelp_store, 
     assert scores[report["chosen"]] >= scores["user_mean_shrink0"]
 
 
+def test_star_tables_match_hand_computed_values():
+    # an additive grid: stars = 3 + b_user + b_item with b_user = (-1, 0, 1), b_item = (0.5, -0.5)
+    ratings = [
+        (f"r{u}{i}", f"u{u}", f"i{i}", 10 * u + i, 3 + bu + bi)
+        for u, bu in enumerate((-1, 0, 1))
+        for i, bi in enumerate((0.5, -0.5))
+    ]
+    tables = Tables(ratings, lambdas=(0.0,))
+    model = candidates(tables)
+    u, i = tables.indices(["u0", "u2", "new"], ["i1", "i0", "i0"])
+    assert model["bias_lambda0"](u, i) == pytest.approx([1.5, 4.5, 3.5])  # exact: the data is additive
+    assert model["user_mean_shrink0"](u, i) == pytest.approx([2.0, 4.0, 3.0])  # unseen user: the mean
+    assert model["user_mean_shrink10"](u, i)[0] == pytest.approx((4.0 + 10 * 3.0) / 12)
+    assert model["user_median"](u, i)[0] == 2.0 and model["global_mean_rounded"](u, i).tolist() == [3, 3, 3]
+    train, validation = split_visible([*ratings, ("solo", "u9", "i0", 0, 5.0)])
+    assert [r[0] for r in validation] == ["r01", "r11", "r21"]  # each user's latest; u9 has one review
+    assert len(train) == 4 and ("solo", "u9", "i0", 0, 5.0) in train
+
+
 def test_star_model_blends_with_llm_stars_only_when_validation_says_so(yelp_store, yelp_tasks):
-    visible = list(ReviewStore.open(yelp_store, tasks=yelp_tasks).visible_reviews())
+    visible = ReviewStore.open(yelp_store, tasks=yelp_tasks).visible_ratings()
     validation = StarModel().fit(visible).validation
-    oracle = {r["review_id"]: r["stars"] for r in validation[::2]}  # an LLM that knows half the answers
+    oracle = {r[0]: r[4] for r in validation[::2]}  # an LLM that knows half the answers
     model = StarModel().fit(visible, llm_validation=oracle)
     scores = model.report["candidates_pe"]
     assert model.name.startswith("blend_0_") and scores[model.name] == 1.0
     assert model.blend_weight == 0.0 and model.report["llm_validation_stars"] == len(oracle)
     assert model.predict("any user", "any item", llm_stars=2.0) == 2.0
-    liar = {r["review_id"]: 6 - r["stars"] for r in validation}  # always wrong: no blend
+    liar = {r[0]: 6 - r[4] for r in validation}  # always wrong: no blend
     model = StarModel().fit(visible, llm_validation=liar)
     assert model.blend_weight is None and not model.name.startswith("blend")
     assert model.predict("u", "i", llm_stars=1.0) == model.predict("u", "i")
@@ -227,15 +246,15 @@ def test_tuned_agent_asks_the_llm_for_validation_stars_to_fit_the_blend(yelp_sto
     assert [len(c) for c in fake.calls] == [4, 4, 2] and agent.counts["llm_answers"] == 0
     asked = random.Random(config.seed).sample(agent.stars.validation, 10)  # the agent's sample
     targets = {row["review_id"] for row in read_targets(yelp_tasks).values()}
-    assert not {r["review_id"] for r in asked} & targets  # carved from visible reviews, never the tasks
+    assert not {r[0] for r in asked} & targets  # carved from visible reviews, never the tasks
     conversations = [c for call in fake.calls for c in call]
     shown = 0
-    for review, conversation in zip(asked, conversations, strict=True):
+    for (review_id, user, item, ts, _), conversation in zip(asked, conversations, strict=True):
         # each validation review is asked like a task: older reviews are shown, never its own text
         prompt = conversation[-1]["content"]
-        assert review["text"].strip()[:80] not in prompt
-        ctx = agent.context({**review, "task_id": 0})
-        assert all(r["date"] < review["date"] for r in ctx["user_reviews"])
+        assert store.get_reviews(review_id=review_id)[0]["text"].strip()[:80] not in prompt
+        ctx = agent.context({"task_id": 0, "user_id": user, "item_id": item, "date": ts})
+        assert all(to_epoch(r["date"]) < ts for r in ctx["user_reviews"])
         shown += sum(r["text"].strip()[:80] in prompt for r in ctx["user_reviews"])
     assert shown >= 10
 
@@ -281,3 +300,15 @@ def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model):
     together = batched.generate(conversations, sampling)
     assert together == single.generate(conversations, sampling)  # left padding changes nothing
     assert all(together) and len(together) == 3
+
+
+def test_suite_scores_the_stats_agent_against_both_baselines(yelp_store, yelp_tasks, tmp_path):
+    table, agents, claims = suite.run_suite(yelp_store, yelp_tasks, tmp_path, adapter=None, kinds=("stats",))
+    lines = table.splitlines()
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["previous-review", "user-mean", "stats"]
+    assert "| stats | 20/20 |" in agents
+    assert "| stats > user-mean | preference_estimation |" in claims
+    for name in ("compare.md", "compare.png", "agents.md", "claims.md"):
+        assert (tmp_path / name).stat().st_size > 0
+    with pytest.raises(SystemExit, match="--adapter"):
+        suite.run_suite(yelp_store, yelp_tasks, tmp_path / "t", adapter=None, kinds=("tuned",))

@@ -6,7 +6,15 @@ import pytest
 from nltk.sentiment import SentimentIntensityAnalyzer
 
 from eval.lexicon import NLTK_LEXICON_SHA256, nltk_lexicon_text, offline_nltk_data
-from eval.metrics import aggregate, clip_stars, emotion_errors, sentiment_errors, star_errors, topic_errors
+from eval.metrics import (
+    aggregate,
+    clip_stars,
+    emotion_errors,
+    paired_bootstrap,
+    sentiment_errors,
+    star_errors,
+    topic_errors,
+)
 from eval.scoring import score_pairs
 
 
@@ -36,6 +44,22 @@ def test_aggregate_by_hand():
     assert result["overall"] == pytest.approx(0.85)
     with pytest.raises(ValueError):
         aggregate(np.array([0.1]), np.array([0.1, 0.2]), np.array([0.1]), np.array([0.1]))
+
+
+def test_paired_bootstrap_by_hand():
+    zeros = np.zeros(40)
+    a = {"star": np.full(40, 0.1), "sentiment": zeros, "emotion": zeros, "topic": np.full(40, 0.2)}
+    b = {**a, "star": np.full(40, 0.3)}  # b's stars are worse on every task by 0.2 (normalised)
+    pe = paired_bootstrap(a, b, "preference_estimation", resamples=200)
+    assert pe["difference"] == pytest.approx(0.2) and pe["ci95"] == pytest.approx([0.2, 0.2])
+    assert pe["share_of_resamples_above_zero"] == 1.0
+    overall = paired_bootstrap(a, b, "overall", resamples=200)
+    assert overall["difference"] == pytest.approx(0.1)  # half of the PE gain, RG equal
+    mixed = {**a, "star": np.tile([0.0, 0.2], 20)}  # better on half the tasks, worse on the other half
+    tie = paired_bootstrap(mixed, a, "preference_estimation", resamples=500)
+    assert tie["difference"] == pytest.approx(0.0) and tie["ci95"][0] < 0 < tie["ci95"][1]
+    with pytest.raises(ValueError, match="same tasks"):
+        paired_bootstrap(a, {k: v[:10] for k, v in b.items()}, "overall")
 
 
 def test_offline_lexicon_is_nltks_byte_for_byte(raw):
