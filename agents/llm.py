@@ -101,6 +101,17 @@ class HFBackend:
         return outputs
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's max_lora_rank accepts
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds an adapter of this rank."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
+
+
 class VLLMBackend:
     def __init__(self, config: LLMConfig):
         from vllm import LLM
@@ -111,13 +122,12 @@ class VLLMBackend:
             from vllm.lora.request import LoRARequest
 
             rank = json.loads((Path(config.adapter) / "adapter_config.json").read_text())["r"]
-            kwargs.update(enable_lora=True, max_lora_rank=max(8, rank))
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(rank))
             self.lora = LoRARequest("adapter", 1, str(config.adapter))
         self.engine = LLM(
             model=resolve_model(config.model),
             gpu_memory_utilization=config.gpu_memory_utilization,
             **kwargs,
-            **config.extra,
         )
         self.info = {"backend": "vllm", "model": config.model, "adapter": config.adapter}
 

@@ -9,7 +9,7 @@ import pytest
 from agents import agent as agent_module
 from agents import simulate, suite
 from agents.agent import AgentConfig, ReviewAgent
-from agents.llm import LLMConfig, OpenAIBackend, Sampling
+from agents.llm import LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
 from agents.stars import StarModel, Tables, candidates, split_visible
 from data_prep import split
 from data_prep.store import ReviewStore, to_epoch
@@ -312,3 +312,45 @@ def test_suite_scores_the_stats_agent_against_both_baselines(yelp_store, yelp_ta
         assert (tmp_path / name).stat().st_size > 0
     with pytest.raises(SystemExit, match="--adapter"):
         suite.run_suite(yelp_store, yelp_tasks, tmp_path / "t", adapter=None, kinds=("tuned",))
+
+
+def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch):
+    """vLLM needs a GPU, so a stand-in module records what the backend asks of it: engine arguments
+    (max_lora_rank rounded up to a value vLLM accepts), the LoRA request, the sampling parameters."""
+    import sys
+    import types
+
+    seen = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen["engine"] = kwargs
+
+        def chat(self, conversations, params, lora_request=None, use_tqdm=True):
+            seen.update(params=params, lora=lora_request)
+            reply = lambda c: types.SimpleNamespace(outputs=[types.SimpleNamespace(text=c[-1]["content"])])  # noqa: E731
+            return [reply(c) for c in conversations]
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams = LLM, lambda **kw: kw
+    lora = types.ModuleType("vllm.lora.request")
+    lora.LoRARequest = lambda name, index, path: (name, index, path)
+    for name, module in {
+        "vllm": vllm,
+        "vllm.lora": types.ModuleType("vllm.lora"),
+        "vllm.lora.request": lora,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 12}')
+    backend = load_llm(LLMConfig(backend="vllm", model="org/model", adapter=str(adapter)))
+    out = backend.generate(
+        [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], Sampling(7, 0.0, seed=3)
+    )
+    assert out == ["a", "b"]
+    assert seen["engine"]["enable_lora"] and seen["engine"]["max_lora_rank"] == 16
+    assert seen["lora"] == ("adapter", 1, str(adapter))
+    assert seen["params"] == {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 3}
+    with pytest.raises(ValueError, match="above vLLM"):
+        vllm_lora_rank(1024)
