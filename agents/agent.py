@@ -63,6 +63,7 @@ class Prediction:
     review: str
     source: str  # llm | llm_retry | fallback | stats
     raw: str | None = None
+    unusable: list[str] = field(default_factory=list)  # LLM answers that could not be used, in order
 
 
 def usable(stars: float | None, review: str | None) -> bool:
@@ -100,7 +101,7 @@ class ReviewAgent:
         saved, answered = dict(self.counts), {}
         for start in tqdm(range(0, len(tasks), self.config.batch_size), desc="LLM stars for the blend"):
             batch = tasks[start : start + self.config.batch_size]
-            parsed, _, _ = self.ask(self.contexts(batch))
+            parsed, _, _, _ = self.ask(self.contexts(batch))
             answered.update(
                 (t["task_id"], s) for t, (s, r) in zip(batch, parsed, strict=True) if usable(s, r)
             )
@@ -174,10 +175,10 @@ class ReviewAgent:
                 )
                 for t, c in zip(tasks, contexts, strict=True)
             ]
-        parsed, answers, sources = self.ask(contexts)
+        parsed, answers, sources, unusable = self.ask(contexts)
         out = []
-        for task, ctx, (stars, review), answer, source in zip(
-            tasks, contexts, parsed, answers, sources, strict=True
+        for task, ctx, (stars, review), answer, source, rejected in zip(
+            tasks, contexts, parsed, answers, sources, unusable, strict=True
         ):
             if not usable(stars, review):
                 self.counts["fallbacks"] += 1
@@ -188,12 +189,12 @@ class ReviewAgent:
                 source = "fallback"
             if self.config.kind == "tuned":
                 stars = self.stars.predict(task["user_id"], task["item_id"], llm_stars=stars)
-            out.append(Prediction(task["task_id"], float(stars), review.strip(), source, answer))
+            out.append(Prediction(task["task_id"], float(stars), review.strip(), source, answer, rejected))
         return out
 
-    def ask(self, contexts: list[dict]) -> tuple[list[tuple], list[str], list[str]]:
-        """The LLM's parsed answers (stars, review), raw answers and sources; unusable answers are asked
-        once more with a stricter instruction."""
+    def ask(self, contexts: list[dict]) -> tuple[list[tuple], list[str], list[str], list[list[str]]]:
+        """The LLM's parsed answers (stars, review), raw answers, sources and unusable answers; an
+        unusable answer is asked once more with a stricter instruction."""
         sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
         conversations = [self.messages(c) for c in contexts]
         answers = self.llm.generate(conversations, sampling)
@@ -201,6 +202,7 @@ class ReviewAgent:
         parsed = [parse_completion(a) for a in answers]
         sources = ["llm"] * len(contexts)
         bad = [i for i, (s, r) in enumerate(parsed) if not usable(s, r)]
+        unusable = [[answers[i]] if i in bad else [] for i in range(len(answers))]
         self.counts["parse_failures"] += len(bad)
         if bad:  # one retry, stricter
             retry = [
@@ -214,4 +216,6 @@ class ReviewAgent:
                 if usable(stars, review):
                     parsed[i], answers[i], sources[i] = (stars, review), answer, "llm_retry"
                     self.counts["retry_successes"] += 1
-        return parsed, answers, sources
+                else:
+                    unusable[i].append(answer)
+        return parsed, answers, sources, unusable

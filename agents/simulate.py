@@ -9,7 +9,9 @@
 
 RUN_DIR/predictions.jsonl gets one line per finished task as it finishes; a rerun skips finished tasks
 and never writes one twice (a line cut off by a kill is dropped and redone). A task that raises is
-written to errors.jsonl and the run goes on. At the end: output.json in the official layout
+written to errors.jsonl and the run goes on. LLM answers that could not be used (no stars, stars
+outside 1-5, no review) stay with their task, in the prediction's "unusable_answers". At the end:
+output.json in the official layout
 (``[{"task": {...}, "output": {"stars", "review"}}]``) and summary.json (counts, parse failures,
 retries, fallbacks, seconds per task, the star model's validation report, provenance).
 """
@@ -126,6 +128,8 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
                         )
             for p in predictions:
                 row = {"task_id": p.task_id, "stars": p.stars, "review": p.review, "source": p.source}
+                if p.unusable:
+                    row["unusable_answers"] = p.unusable
                 sink.write(json.dumps(row, ensure_ascii=False) + "\n")
                 done[p.task_id] = row
             sink.flush()

@@ -172,6 +172,8 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
         1 <= predictions[2].stars <= 5 and predictions[2].review.strip()
     )  # calibrated stars, retrieved text
     assert all(p.review.strip() for p in predictions)
+    unusable = [[], ["I think it is good."], ["stars: nine\nreview: ", "still nothing"], []]
+    assert [p.unusable for p in predictions] == unusable  # kept with their task, not lost
     assert agent.counts == {
         "llm_answers": 4,
         "parse_failures": 2,
