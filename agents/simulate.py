@@ -5,7 +5,7 @@
     python -m agents.simulate --config configs/agents/tuned.yaml ... --limit 50 --adapter runs/demo/sft/smollm2_lora
     # a shard of a job array, then the merge (slurm/simulate.sbatch does both)
     python -m agents.simulate --config ... --out runs/sim/x/shard_3 --shard 3/8
-    python -m agents.simulate --merge runs/sim/x/shard_* --out runs/sim/x
+    python -m agents.simulate --merge runs/sim/x/shard_* --out runs/sim/x --tasks runs/demo/tasks/amazon
 
 RUN_DIR/predictions.jsonl gets one line per finished task as it finishes; a rerun skips finished tasks
 and never writes one twice (a line cut off by a kill is dropped and redone). A task that raises is
@@ -164,17 +164,44 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
     return summary
 
 
-def merge(shards: list[str], out: Path) -> None:
+def merge(shards: list[str], out: Path, task_dir: str | None) -> dict:
+    """Shard runs -> one run: predictions.jsonl, and with --tasks the official output.json; summary.json
+    adds up the shards' counts. A task in two shards, or a task of the folder in none, is reported."""
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[int, dict] = {}
+    summaries = []
     for shard in shards:
         for task_id, row in finished(Path(shard) / "predictions.jsonl").items():
             if task_id in rows:
                 raise SystemExit(f"error: task {task_id} is in two shards")
             rows[task_id] = row
+        if (Path(shard) / "summary.json").exists():
+            summaries.append(json.loads((Path(shard) / "summary.json").read_text()))
     with open(out / "predictions.jsonl", "w") as f:
         f.writelines(json.dumps(rows[k], ensure_ascii=False) + "\n" for k in sorted(rows))
+    summary = {
+        "shards": len(shards),
+        "predicted": len(rows),
+        "errors": sum(s["errors"] for s in summaries),
+        "counts": {k: sum(s["counts"][k] for s in summaries) for k in summaries[0]["counts"]}
+        if summaries
+        else {},
+        "agent": summaries[0]["agent"] if summaries else None,
+        "provenance": provenance(["torch", "transformers", "peft", "sentence-transformers"]),
+    }
+    if task_dir:
+        tasks = read_tasks(task_dir)
+        summary["tasks"] = len(tasks)
+        summary["missing"] = [t["task_id"] for t in tasks if t["task_id"] not in rows]
+        write_outputs(out, tasks, rows, summary)
+    else:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"merged {len(rows)} predictions from {len(shards)} shards -> {out / 'predictions.jsonl'}")
+    if summary.get("missing"):
+        print(
+            f"note: {len(summary['missing'])} tasks have no prediction in any shard (listed in summary.json)"
+        )
+    return summary
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -183,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser = TrlParser((AgentConfig, LLMConfig, RunArguments))
     agent_config, llm_config, args = parser.parse_args_and_config(args=argv)
     if args.merge:
-        return merge(args.merge, Path(args.out))
+        return merge(args.merge, Path(args.out), args.tasks)
     if not args.data or not args.tasks:
         sys.exit("error: --data and --tasks are required (or --merge)")
     return run(agent_config, llm_config, args)

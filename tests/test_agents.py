@@ -3,12 +3,14 @@ import random
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+import yaml
 
 from agents import agent as agent_module
 from agents import simulate, suite
-from agents.agent import AgentConfig, ReviewAgent
+from agents.agent import KINDS, AgentConfig, ReviewAgent
 from agents.llm import LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
 from agents.stars import StarModel, Tables, candidates, split_visible
 from data_prep import split
@@ -290,6 +292,35 @@ def test_a_killed_run_resumes_without_duplicates(yelp_store, yelp_tasks, tmp_pat
     assert len(official) == 20 and all(o["output"]["review"] for o in official)
 
 
+def test_shards_cover_every_task_once_and_merge(yelp_store, yelp_tasks, tmp_path):
+    config = tmp_path / "stats.yaml"
+    config.write_text("kind: stats\nretrieval: bm25\n")
+    common = ["--config", str(config), "--data", str(yelp_store), "--tasks", str(yelp_tasks)]
+    shards = [str(tmp_path / f"shard_{i}") for i in range(3)]
+    for i, shard in enumerate(shards):
+        simulate.main([*common, "--out", shard, "--shard", f"{i}/3"])
+    summary = simulate.main(["--out", str(tmp_path / "all"), "--tasks", str(yelp_tasks), "--merge", *shards])
+    rows = [json.loads(line) for line in (tmp_path / "all" / "predictions.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == list(range(20)) and summary["missing"] == []
+    assert len(json.loads((tmp_path / "all" / "output.json").read_text())) == 20
+    simulate.main(["--out", str(tmp_path / "some"), "--tasks", str(yelp_tasks), "--merge", *shards[:2]])
+    some = json.loads((tmp_path / "some" / "summary.json").read_text())
+    assert some["missing"] == [t for t in range(20) if t % 3 == 2]  # reported, not hidden
+    with pytest.raises(SystemExit, match="two shards"):
+        simulate.main(["--out", str(tmp_path / "twice"), "--merge", shards[0], shards[0]])
+
+
+def test_simulate_slurm_dry_run_prints_shard_and_merge():
+    import subprocess
+
+    script = ["bash", "slurm/simulate.sbatch", "--dry-run", "configs/agents/tuned_qwen7b_vllm.yaml", "d", "t"]
+    result = subprocess.run(script, capture_output=True, text=True, cwd=Path(__file__).parents[1], check=True)
+    shard, merge = result.stdout.splitlines()
+    assert "agents.simulate --config configs/agents/tuned_qwen7b_vllm.yaml --data d --tasks t" in shard
+    assert "--shard 0/8" in shard and "--out runs/sim/tuned_qwen7b_vllm/shard_0" in shard
+    assert "--tasks t --merge runs/sim/tuned_qwen7b_vllm/shard_" in merge
+
+
 def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model):
     from agents.llm import HFBackend
 
@@ -356,3 +387,15 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
     assert seen["params"] == {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 3}
     with pytest.raises(ValueError, match="above vLLM"):
         vllm_lora_rank(1024)
+
+
+def test_every_shipped_agent_config_parses():
+    from trl import TrlParser
+
+    configs = sorted((Path(__file__).parents[1] / "configs" / "agents").glob("*.yaml"))
+    assert {p.stem for p in configs} >= {"stats", "asc-baseline", "retrieval-llm", "tuned"}
+    for path in configs:
+        parser = TrlParser((AgentConfig, simulate.LLMConfig, simulate.RunArguments))
+        agent, llm, _ = parser.parse_args_and_config(["--config", str(path), "--out", "x"])
+        assert agent.kind in KINDS and agent.kind == yaml.safe_load(path.read_text())["kind"]
+        assert llm.backend in ("hf", "vllm", "openai") and (agent.kind == "stats" or llm.model)
