@@ -74,12 +74,12 @@ class ReviewAgent:
     def __init__(self, config: AgentConfig, llm_config: LLMConfig | None, store, encoder=None):
         if config.kind not in KINDS:
             raise ValueError(f"unknown agent kind {config.kind!r}: one of {KINDS}")
+        if config.item_candidates < 1:
+            raise ValueError("item_candidates must be at least 1")
         self.config, self.store = config, store
         self.retriever = Retriever(encoder if config.retrieval == "embedding" else None)
         self.llm = load_llm(llm_config) if config.kind != "stats" else None
         self.tokenizer = getattr(self.llm, "tokenizer", None)
-        if config.item_candidates < 1:
-            raise ValueError("item_candidates must be at least 1")
         visible = store.visible_ratings()
         self.stars = StarModel().fit(visible)
         self.counts = dict.fromkeys(
