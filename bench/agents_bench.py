@@ -30,6 +30,7 @@ def generation(args: argparse.Namespace) -> dict:
     from agents.agent import AgentConfig, ReviewAgent
     from agents.llm import LLMConfig, Sampling
     from agents.simulate import RunArguments, load_tasks
+    from data_prep.prompt import count_tokens
     from data_prep.store import ReviewStore
 
     tasks = load_tasks(RunArguments(out="", data=str(args.data), tasks=str(args.tasks), limit=args.n))
@@ -55,12 +56,7 @@ def generation(args: argparse.Namespace) -> dict:
         "model": args.model,
         "conversations": len(conversations),
         "max_new_tokens": args.max_new_tokens,
-        "prompt_tokens_mean": round(
-            statistics.mean(
-                len(agent.tokenizer.apply_chat_template(c, tokenize=True, add_generation_prompt=True))
-                for c in conversations
-            )
-        ),
+        "prompt_tokens_mean": round(statistics.mean(count_tokens(agent.tokenizer, c) for c in conversations)),
         "seconds": {f"batch_{k}": [round(x, 2) for x in v] for k, v in seconds.items()},
         "speedup_batched_over_single": round(single / batched, 2),
         "identical_outputs": f"{same}/{len(conversations)}",
