@@ -59,16 +59,7 @@ def main() -> None:
 
     print("\n=== 1. build the review store")
     report = build.main([*sample(args.shared, out), "--out", str(data), "--overwrite"])
-    keys = (
-        "reviews_read",
-        "reviews_kept",
-        "reviews_rejected",
-        "reviews_filtered",
-        "users",
-        "items",
-        "reasons",
-    )
-    print(json.dumps({k: report[k] for k in keys}, indent=2))
+    print(json.dumps({k: report[k] for k in build.SUMMARY_KEYS}, indent=2))
 
     print("\n=== 2. split: leave-last-out, min history 2, 50 tasks")
     split.main(f"--data {data} --out {tasks} --min-history 2 --max-tasks 50 --seed 0 --overwrite".split())

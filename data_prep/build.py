@@ -41,6 +41,17 @@ from data_prep.store import STORE_FILE, StoreWriter
 BUILD_VERSION = 1
 ROLE_ORDER = ("ratings", "item", "user", "review")  # filters (ratings, cities) must be known before reviews
 
+# The headline counts of report.json (what the demo prints; a resumed build must reproduce them).
+SUMMARY_KEYS = (
+    "reviews_read",
+    "reviews_kept",
+    "reviews_rejected",
+    "reviews_filtered",
+    "users",
+    "items",
+    "reasons",
+)
+
 
 @dataclass
 class Progress:

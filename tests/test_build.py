@@ -282,15 +282,7 @@ def test_stopped_build_resumes_without_loss_or_duplicates(raw, tmp_path, monkeyp
     resumed = run_build(*args, "--out", tmp_path / "cut")
 
     assert resumed["resumed"] is True
-    for key in (
-        "reviews_read",
-        "reviews_kept",
-        "reviews_rejected",
-        "reviews_filtered",
-        "users",
-        "items",
-        "reasons",
-    ):
+    for key in build.SUMMARY_KEYS:
         assert resumed[key] == whole[key], key
     assert read_rejects(tmp_path / "cut") == read_rejects(tmp_path / "whole")
     a = sqlite3.connect(tmp_path / "whole" / "store.sqlite").execute(
