@@ -48,7 +48,7 @@ def agents_table(runs: dict[str, Path]) -> str:
         c = s["counts"]
         stars = s["star_model"]["chosen"] if name in ("stats", "tuned") else "the LLM's own"
         rows.append(
-            f"| {name} | {s['predicted']}/{s['tasks']} | {s['seconds_per_task']} | {c['llm_answers']} | "
+            f"| {name} | {s['predicted']}/{s['tasks']} | {s['seconds_per_task'] or 0:.2f} | {c['llm_answers']} | "
             f"{c['parse_failures']} | {c['retries']} ({c['retry_successes']}) | {c['fallbacks']} | {stars} |"
         )
     return "\n".join(rows)
