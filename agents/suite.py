@@ -25,6 +25,7 @@ from eval import baselines, review
 from eval.metrics import paired_bootstrap
 
 KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "agents"
 # (a, b, metric): the claims the suite checks, each as a paired difference over the same tasks
 CLAIMS = (
     ("tuned", "asc-baseline", "overall"),
@@ -76,6 +77,12 @@ def claims_table(eval_root: Path, names: list[str]) -> str:
     return "\n".join(rows)
 
 
+def score(tasks: Path, predictions: Path, out: Path, backend: str) -> Path:
+    argv = ["--tasks", tasks, "--predictions", predictions, "--out", out, "--backend", backend]
+    review.main([str(a) for a in argv])
+    return out / "results.json"
+
+
 def run_suite(
     data: Path,
     tasks: Path,
@@ -92,51 +99,20 @@ def run_suite(
         predictions = out / "baselines" / f"{kind}.jsonl"
         print(f"\n--- baseline {kind}")
         baselines.main([kind, "--data", str(data), "--tasks", str(tasks), "--out", str(predictions)])
-        review.main(
-            [
-                "--tasks",
-                str(tasks),
-                "--predictions",
-                str(predictions),
-                "--out",
-                str(out / "eval" / kind),
-                "--backend",
-                backend,
-            ]
-        )
-        scored[kind] = out / "eval" / kind / "results.json"
+        scored[kind] = score(tasks, predictions, out / "eval" / kind, backend)
     runs = {}
     for kind in kinds:
         print(f"\n--- agent {kind} (configs/agents/{kind}.yaml)")
         run = out / "sim" / kind
-        args = [
-            "--config",
-            f"configs/agents/{kind}.yaml",
-            "--data",
-            str(data),
-            "--tasks",
-            str(tasks),
-            "--out",
-            str(run),
-        ]
+        argv = ["--config", CONFIGS / f"{kind}.yaml", "--data", data, "--tasks", tasks, "--out", run]
+        args = [str(a) for a in argv]
         if kind != "stats":
             args += generation_args() if extra is None else extra
         if kind == "tuned":
             args += ["--adapter", str(adapter)]
         simulate.main(args)
-        review.main(
-            [
-                "--tasks",
-                str(tasks),
-                "--predictions",
-                str(run / "predictions.jsonl"),
-                "--out",
-                str(out / "eval" / kind),
-                "--backend",
-                backend,
-            ]
-        )
-        scored[kind], runs[kind] = out / "eval" / kind / "results.json", run
+        scored[kind] = score(tasks, run / "predictions.jsonl", out / "eval" / kind, backend)
+        runs[kind] = run
     print("\n--- comparison (shared evaluator)")
     table = review.main(["--compare", *map(str, scored.values()), "--names", *scored, "--out", str(out)])
     agents = agents_table(runs)
