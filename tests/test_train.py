@@ -322,6 +322,15 @@ def test_slurm_script_dry_run_prints_the_resolved_commands():
     )
     assert "-m train.sft --config configs/sft/qwen2.5-7b_qlora.yaml --learning_rate 5e-5" in out
     assert "srun --nodes 4 --ntasks-per-node 1" in out and "W&B run usersim-sft-12345" in out
+    no_flags = subprocess.run(
+        ["bash", "slurm/train.sbatch", "--dry-run", "configs/sft/qwen2.5-7b_qlora.yaml"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    node_command = no_flags.stdout.splitlines()[2]
+    assert node_command.endswith("-m train.sft --config configs/sft/qwen2.5-7b_qlora.yaml")  # no stray ''
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     refused = subprocess.run(
         ["bash", "slurm/train.sbatch", "configs/sft/qwen2.5-7b_qlora.yaml"],
