@@ -64,6 +64,7 @@ class Prediction:
     source: str  # llm | llm_retry | fallback | stats
     raw: str | None = None
     unusable: list[str] = field(default_factory=list)  # LLM answers that could not be used, in order
+    cut_short: bool = False  # the answer used stopped at max_new_tokens (its review may be truncated)
 
 
 def usable(stars: float | None, review: str | None) -> bool:
@@ -83,7 +84,7 @@ class ReviewAgent:
         visible = store.visible_ratings()
         self.stars = StarModel().fit(visible)
         self.counts = dict.fromkeys(
-            ("llm_answers", "parse_failures", "retries", "retry_successes", "fallbacks"), 0
+            ("llm_answers", "parse_failures", "retries", "retry_successes", "fallbacks", "cut_short"), 0
         )
         if config.kind == "tuned" and config.blend_validation > 0:
             self.stars = StarModel().fit(visible, llm_validation=self.llm_validation_stars())
@@ -101,7 +102,7 @@ class ReviewAgent:
         saved, answered = dict(self.counts), {}
         for start in tqdm(range(0, len(tasks), self.config.batch_size), desc="LLM stars for the blend"):
             batch = tasks[start : start + self.config.batch_size]
-            parsed, _, _, _ = self.ask(self.contexts(batch))
+            parsed = self.ask(self.contexts(batch))[0]
             answered.update(
                 (t["task_id"], s) for t, (s, r) in zip(batch, parsed, strict=True) if usable(s, r)
             )
@@ -175,29 +176,34 @@ class ReviewAgent:
                 )
                 for t, c in zip(tasks, contexts, strict=True)
             ]
-        parsed, answers, sources, unusable = self.ask(contexts)
+        parsed, answers, sources, unusable, cut = self.ask(contexts)
         out = []
-        for task, ctx, (stars, review), answer, source, rejected in zip(
-            tasks, contexts, parsed, answers, sources, unusable, strict=True
+        for task, ctx, (stars, review), answer, source, rejected, cut_short in zip(
+            tasks, contexts, parsed, answers, sources, unusable, cut, strict=True
         ):
             if not usable(stars, review):
                 self.counts["fallbacks"] += 1
                 calibrated = self.stars.predict(task["user_id"], task["item_id"])
                 # keep what was usable: LLM stars in range, or its review text
                 stars = stars if stars is not None and 1 <= stars <= 5 else calibrated
-                review = review if review and review.strip() else self.fallback_review(ctx)
+                if not (review and review.strip()):
+                    review, cut_short = self.fallback_review(ctx), False
                 source = "fallback"
             if self.config.kind == "tuned":
                 stars = self.stars.predict(task["user_id"], task["item_id"], llm_stars=stars)
-            out.append(Prediction(task["task_id"], float(stars), review.strip(), source, answer, rejected))
+            self.counts["cut_short"] += cut_short
+            out.append(
+                Prediction(task["task_id"], float(stars), review.strip(), source, answer, rejected, cut_short)
+            )
         return out
 
-    def ask(self, contexts: list[dict]) -> tuple[list[tuple], list[str], list[str], list[list[str]]]:
-        """The LLM's parsed answers (stars, review), raw answers, sources and unusable answers; an
-        unusable answer is asked once more with a stricter instruction."""
+    def ask(self, contexts: list[dict]) -> tuple[list, list[str], list[str], list[list[str]], list[bool]]:
+        """The LLM's parsed answers (stars, review), raw answers, sources, unusable answers and whether
+        each answer stopped at max_new_tokens; an unusable answer is asked once more, stricter."""
         sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
         conversations = [self.messages(c) for c in contexts]
         answers = self.llm.generate(conversations, sampling)
+        cut = list(getattr(self.llm, "cut_short", None) or [False] * len(answers))
         self.counts["llm_answers"] += len(answers)
         parsed = [parse_completion(a) for a in answers]
         sources = ["llm"] * len(contexts)
@@ -211,11 +217,18 @@ class ReviewAgent:
                 for i in bad
             ]
             self.counts["retries"] += len(bad)
-            for i, answer in zip(bad, self.llm.generate(retry, sampling), strict=True):
+            again = self.llm.generate(retry, sampling)
+            again_cut = list(getattr(self.llm, "cut_short", None) or [False] * len(again))
+            for i, answer, answer_cut in zip(bad, again, again_cut, strict=True):
                 stars, review = parse_completion(answer)
                 if usable(stars, review):
-                    parsed[i], answers[i], sources[i] = (stars, review), answer, "llm_retry"
+                    parsed[i], answers[i], sources[i], cut[i] = (
+                        (stars, review),
+                        answer,
+                        "llm_retry",
+                        answer_cut,
+                    )
                     self.counts["retry_successes"] += 1
                 else:
                     unusable[i].append(answer)
-        return parsed, answers, sources, unusable
+        return parsed, answers, sources, unusable, cut

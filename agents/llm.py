@@ -1,4 +1,6 @@
 """LLM backends behind one interface: a batch of chat conversations in, one text per conversation out.
+After each ``generate`` call, ``cut_short[i]`` says whether answer i stopped at ``max_new_tokens``
+rather than at its end (so a truncated review is counted, never silent).
 
 - ``hf``: transformers (+ an optional PEFT adapter), batched left-padded generation, greedy when
   temperature is 0;
@@ -77,6 +79,7 @@ class HFBackend:
             for c in conversations
         ]
         outputs: list[str] = []
+        self.cut_short = []
         for start in range(0, len(texts), self.batch_size):
             batch = self.tokenizer(
                 texts[start : start + self.batch_size],
@@ -98,6 +101,7 @@ class HFBackend:
                 )
             new = generated[:, batch["input_ids"].shape[1] :]
             outputs.extend(self.tokenizer.batch_decode(new, skip_special_tokens=True))
+            self.cut_short += (new == self.tokenizer.eos_token_id).any(dim=1).logical_not().tolist()
         return outputs
 
 
@@ -141,6 +145,7 @@ class VLLMBackend:
             seed=sampling.seed,
         )
         outputs = self.engine.chat(conversations, params, lora_request=self.lora, use_tqdm=False)
+        self.cut_short = [o.outputs[0].finish_reason == "length" for o in outputs]
         return [o.outputs[0].text for o in outputs]
 
 
@@ -157,7 +162,7 @@ class OpenAIBackend:
         self.model, self.concurrency = config.model, config.concurrency
         self.info = {"backend": "openai", "model": config.model, "base_url": config.base_url}  # never the key
 
-    def _one(self, conversation: list[dict], sampling: Sampling) -> str:
+    def _one(self, conversation: list[dict], sampling: Sampling) -> tuple[str, bool]:
         response = self.client.chat.completions.create(
             model=self.model,
             messages=conversation,
@@ -166,11 +171,14 @@ class OpenAIBackend:
             top_p=sampling.top_p,
             seed=sampling.seed,
         )
-        return response.choices[0].message.content or ""
+        choice = response.choices[0]
+        return choice.message.content or "", choice.finish_reason == "length"
 
     def generate(self, conversations: list[list[dict]], sampling: Sampling) -> list[str]:
         with ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(lambda c: self._one(c, sampling), conversations))
+            answers = list(pool.map(lambda c: self._one(c, sampling), conversations))
+        self.cut_short = [cut for _, cut in answers]
+        return [text for text, _ in answers]
 
 
 def load_llm(config: LLMConfig):

@@ -130,6 +130,8 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
                 row = {"task_id": p.task_id, "stars": p.stars, "review": p.review, "source": p.source}
                 if p.unusable:
                     row["unusable_answers"] = p.unusable
+                if p.cut_short:
+                    row["cut_short"] = True  # the review stopped at max_new_tokens
                 sink.write(json.dumps(row, ensure_ascii=False) + "\n")
                 done[p.task_id] = row
             sink.flush()
@@ -160,7 +162,8 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
     write_outputs(out, tasks, done, summary)
     print(
         f"-> {predictions_path} ({summary['predicted']}/{len(tasks)} predicted, {errors} errors); "
-        f"fallbacks {agent.counts['fallbacks']}, retries {agent.counts['retries']}"
+        f"fallbacks {agent.counts['fallbacks']}, retries {agent.counts['retries']}, "
+        f"answers cut at max_new_tokens {agent.counts['cut_short']}"
     )
     return summary
 

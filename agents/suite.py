@@ -41,8 +41,8 @@ def generation_args(batch_size: int = 16, max_new_tokens: int = 96) -> list[str]
 
 def agents_table(runs: dict[str, Path]) -> str:
     rows = [
-        "| agent | tasks | s/task | LLM answers | parse failures | retries (fixed) | fallbacks | star model |",
-        "|" + "---|" * 8,
+        "| agent | tasks | s/task | LLM answers | parse failures | retries (fixed) | fallbacks | cut at max tokens | star model |",
+        "|" + "---|" * 9,
     ]
     for name, run in runs.items():
         s = json.loads((run / "summary.json").read_text())
@@ -50,7 +50,8 @@ def agents_table(runs: dict[str, Path]) -> str:
         stars = s["star_model"]["chosen"] if name in ("stats", "tuned") else "the LLM's own"
         rows.append(
             f"| {name} | {s['predicted']}/{s['tasks']} | {s['seconds_per_task'] or 0:.2f} | {c['llm_answers']} | "
-            f"{c['parse_failures']} | {c['retries']} ({c['retry_successes']}) | {c['fallbacks']} | {stars} |"
+            f"{c['parse_failures']} | {c['retries']} ({c['retry_successes']}) | {c['fallbacks']} | "
+            f"{c.get('cut_short', 0)} | {stars} |"
         )
     return "\n".join(rows)
 

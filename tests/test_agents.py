@@ -53,7 +53,7 @@ class Scripted(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Scripted.seen.append(self.headers.get("Authorization", ""))
-        action = Scripted.script.pop(0) if Scripted.script else "ok"
+        action = Scripted.script.pop(0) if Scripted.script else "ok"  # or "long": cut at max_tokens
         if action == "slow":
             time.sleep(1.5)
         if action in ("429", "500"):
@@ -71,7 +71,7 @@ class Scripted(BaseHTTPRequestHandler):
             "choices": [
                 {
                     "index": 0,
-                    "finish_reason": "stop",
+                    "finish_reason": "length" if action == "long" else "stop",
                     "message": {
                         "role": "assistant",
                         "content": "stars: 4\nreview: " + body["messages"][-1]["content"],
@@ -119,6 +119,11 @@ def test_openai_backend_retries_429_5xx_and_timeouts(server, monkeypatch):
     conversations = [[{"role": "user", "content": str(i)}] for i in range(3)]
     assert backend.generate(conversations, Sampling()) == [f"stars: 4\nreview: {i}" for i in range(3)]
     assert "sk-test-secret" not in json.dumps(backend.info)
+    Scripted.script = ["long"]  # an answer that stopped at max_tokens is flagged
+    backend.generate([[{"role": "user", "content": "x"}]], Sampling())
+    assert backend.cut_short == [True]
+    backend.generate([[{"role": "user", "content": "x"}]], Sampling())
+    assert backend.cut_short == [False]
 
 
 def test_openai_backend_needs_its_key(monkeypatch):
@@ -174,6 +179,7 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
         1 <= predictions[2].stars <= 5 and predictions[2].review.strip()
     )  # calibrated stars, retrieved text
     assert all(p.review.strip() for p in predictions)
+    assert [p.cut_short for p in predictions] == [False] * 4 and agent.counts["cut_short"] == 0
     unusable = [[], ["I think it is good."], ["stars: nine\nreview: ", "still nothing"], []]
     assert [p.unusable for p in predictions] == unusable  # kept with their task, not lost
     assert agent.counts == {
@@ -182,8 +188,25 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
         "retries": 2,
         "retry_successes": 1,
         "fallbacks": 1,
+        "cut_short": 0,
     }
     assert "exactly two lines" in fake.calls[1][0][-1]["content"]  # the stricter instruction
+
+
+def test_answers_cut_at_max_new_tokens_are_flagged_and_counted(yelp_store, yelp_tasks, monkeypatch):
+    class Cut(ConstantLLM):
+        def generate(self, conversations, sampling):
+            self.cut_short = [True, False][: len(conversations)]
+            return ["stars: 4\nreview: It was good but the", "stars: 2\nreview: Bad."][: len(conversations)]
+
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: Cut())
+    agent = ReviewAgent(
+        AgentConfig(kind="retrieval-llm", retrieval="bm25"),
+        LLMConfig(),
+        ReviewStore.open(yelp_store, tasks=yelp_tasks),
+    )
+    predictions = agent.predict(tasks_with_dates(yelp_tasks)[:2])
+    assert [p.cut_short for p in predictions] == [True, False] and agent.counts["cut_short"] == 1
 
 
 def test_star_model_reports_every_candidate_and_beats_the_user_mean(yelp_store, yelp_tasks):
@@ -321,7 +344,7 @@ def test_simulate_slurm_dry_run_prints_shard_and_merge():
     assert "--tasks t --merge runs/sim/tuned_qwen7b_vllm/shard_" in merge
 
 
-def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model):
+def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model, monkeypatch):
     from agents.llm import HFBackend
 
     conversations = [
@@ -333,6 +356,17 @@ def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model):
     together = batched.generate(conversations, sampling)
     assert together == single.generate(conversations, sampling)  # left padding changes nothing
     assert all(together) and len(together) == 3
+    # a random model does not end its answer within 8 tokens: every answer is flagged as cut short
+    assert batched.cut_short == single.cut_short == [True, True, True]
+    real = batched.model.generate
+
+    def first_row_ends(**kwargs):  # the first answer ends at once (EOS), the others run to the cap
+        out = real(**kwargs)
+        out[0, kwargs["input_ids"].shape[1] :] = batched.tokenizer.eos_token_id  # EOS, then padding
+        return out
+
+    monkeypatch.setattr(batched.model, "generate", first_row_ends)
+    assert batched.generate(conversations, sampling)[0] == "" and batched.cut_short == [False, True, True]
 
 
 def test_suite_scores_the_stats_agent_against_both_baselines(yelp_store, yelp_tasks, tmp_path):
@@ -361,7 +395,13 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
 
         def chat(self, conversations, params, lora_request=None, use_tqdm=True):
             seen.update(params=params, lora=lora_request)
-            reply = lambda c: types.SimpleNamespace(outputs=[types.SimpleNamespace(text=c[-1]["content"])])  # noqa: E731
+
+            def reply(c):  # an answer ending in "..." stands for one cut at max_tokens
+                reason = "length" if c[-1]["content"].endswith("...") else "stop"
+                return types.SimpleNamespace(
+                    outputs=[types.SimpleNamespace(text=c[-1]["content"], finish_reason=reason)]
+                )
+
             return [reply(c) for c in conversations]
 
     vllm = types.ModuleType("vllm")
@@ -379,9 +419,9 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
     (adapter / "adapter_config.json").write_text('{"r": 12}')
     backend = load_llm(LLMConfig(backend="vllm", model="org/model", adapter=str(adapter)))
     out = backend.generate(
-        [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], Sampling(7, 0.0, seed=3)
+        [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b..."}]], Sampling(7, 0.0, seed=3)
     )
-    assert out == ["a", "b"]
+    assert out == ["a", "b..."] and backend.cut_short == [False, True]
     assert seen["engine"]["enable_lora"] and seen["engine"]["max_lora_rank"] == 16
     assert seen["lora"] == ("adapter", 1, str(adapter))
     assert seen["params"] == {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 3}
