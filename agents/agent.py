@@ -87,27 +87,26 @@ class ReviewAgent:
             ("llm_answers", "parse_failures", "retries", "retry_successes", "fallbacks", "cut_short"), 0
         )
         if config.kind == "tuned" and config.blend_validation > 0:
-            self.stars = StarModel().fit(visible, llm_validation=self.llm_validation_stars())
-            self.stars.report["llm_validation_asked"] = self.blend_counts["asked"]
+            asked = min(config.blend_validation, len(self.stars.validation))
+            self.stars = StarModel().fit(visible, llm_validation=self.llm_validation_stars(asked))
+            self.stars.report["llm_validation_asked"] = asked
 
-    def llm_validation_stars(self) -> dict[str, float]:
-        """The LLM's stars for a seeded sample of the star model's validation reviews, each asked like a
-        task (only strictly older reviews shown). Unusable answers are left out and counted."""
-        pool = self.stars.validation
-        sample = random.Random(self.config.seed).sample(pool, min(self.config.blend_validation, len(pool)))
+    def llm_validation_stars(self, n: int) -> dict[str, float]:
+        """The LLM's stars for a seeded sample of n of the star model's validation reviews, each asked
+        like a task (only strictly older reviews shown); unusable answers are left out. These answers
+        are not task answers, so they do not enter the agent's counts."""
+        sample = random.Random(self.config.seed).sample(self.stars.validation, n)
         tasks = [
             {"task_id": review_id, "user_id": user, "item_id": item, "date": ts}
             for review_id, user, item, ts, _ in sample
         ]
-        saved, answered = dict(self.counts), {}
+        answered = {}
         for start in tqdm(range(0, len(tasks), self.config.batch_size), desc="LLM stars for the blend"):
             batch = tasks[start : start + self.config.batch_size]
-            parsed = self.ask(self.contexts(batch))[0]
+            parsed = self.ask(self.contexts(batch), counts=dict.fromkeys(self.counts, 0))[0]
             answered.update(
                 (t["task_id"], s) for t, (s, r) in zip(batch, parsed, strict=True) if usable(s, r)
             )
-        self.blend_counts = {"asked": len(tasks), "answered": len(answered)}
-        self.counts = saved
         return answered
 
     # -- context ---------------------------------------------------------------------------------------
@@ -197,29 +196,32 @@ class ReviewAgent:
             )
         return out
 
-    def ask(self, contexts: list[dict]) -> tuple[list, list[str], list[str], list[list[str]], list[bool]]:
+    def ask(
+        self, contexts: list[dict], counts: dict | None = None
+    ) -> tuple[list, list[str], list[str], list[list[str]], list[bool]]:
         """The LLM's parsed answers (stars, review), raw answers, sources, unusable answers and whether
-        each answer stopped at max_new_tokens; an unusable answer is asked once more, stricter."""
+        each answer stopped at max_new_tokens; an unusable answer is asked once more, stricter.
+        Answers, failures and retries are added to ``counts`` (default: the agent's)."""
+        counts = self.counts if counts is None else counts
         sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
         conversations = [self.messages(c) for c in contexts]
         answers = self.llm.generate(conversations, sampling)
-        cut = list(getattr(self.llm, "cut_short", None) or [False] * len(answers))
-        self.counts["llm_answers"] += len(answers)
+        cut = list(self.llm.cut_short)
+        counts["llm_answers"] += len(answers)
         parsed = [parse_completion(a) for a in answers]
         sources = ["llm"] * len(contexts)
         bad = [i for i, (s, r) in enumerate(parsed) if not usable(s, r)]
         unusable = [[answers[i]] if i in bad else [] for i in range(len(answers))]
-        self.counts["parse_failures"] += len(bad)
+        counts["parse_failures"] += len(bad)
         if bad:  # one retry, stricter
             retry = [
                 conversations[i]
                 + [{"role": "assistant", "content": answers[i]}, {"role": "user", "content": STRICT}]
                 for i in bad
             ]
-            self.counts["retries"] += len(bad)
+            counts["retries"] += len(bad)
             again = self.llm.generate(retry, sampling)
-            again_cut = list(getattr(self.llm, "cut_short", None) or [False] * len(again))
-            for i, answer, answer_cut in zip(bad, again, again_cut, strict=True):
+            for i, answer, answer_cut in zip(bad, again, self.llm.cut_short, strict=True):
                 stars, review = parse_completion(answer)
                 if usable(stars, review):
                     parsed[i], answers[i], sources[i], cut[i] = (
@@ -228,7 +230,7 @@ class ReviewAgent:
                         "llm_retry",
                         answer_cut,
                     )
-                    self.counts["retry_successes"] += 1
+                    counts["retry_successes"] += 1
                 else:
                     unusable[i].append(answer)
         return parsed, answers, sources, unusable, cut

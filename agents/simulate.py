@@ -23,6 +23,7 @@ import os
 import sys
 import time
 import traceback
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -138,9 +139,7 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
             os.fsync(sink.fileno())
             bar.update(len(batch))
     elapsed = time.perf_counter() - loaded
-    sources = {}
-    for row in done.values():
-        sources[row.get("source")] = sources.get(row.get("source"), 0) + 1
+    sources = Counter(row.get("source") for row in done.values())
     summary = {
         "agent": asdict(agent_config),
         "llm": {**asdict(llm_config), "api_key_env": llm_config.api_key_env}

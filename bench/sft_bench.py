@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+from bench.build_bench import measure
 from data_prep import build, pairs, split
 from data_prep.paths import raw_dir
 
@@ -98,16 +96,12 @@ def run_variant(name: str, pairs_dir: Path, out: Path, steps: int, padding_free:
         "--logging_steps",
         "1",
     ]
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"failed: {' '.join(cmd)}")
+    run = measure(cmd)
     card = json.loads((out / name / "training_card.json").read_text())
     return {
         "bfd_packing": padding_free,
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        "wall_seconds": round(run["wall_seconds"], 1),
+        "peak_rss_mb": run["peak_rss_mb"],
         **card["throughput"],
         "final_train_loss": card["final_train_loss"],
     }

@@ -42,6 +42,32 @@ def yelp_store(raw, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def make_tasks():
+    """make_tasks(store, out, n, seed): leave-last-out tasks for n users with at least 2 older reviews."""
+    return _make_tasks
+
+
+def _make_tasks(store: Path, out: Path, n: int, seed: int) -> Path:
+    from data_prep import split
+
+    split.main(
+        [
+            "--data",
+            str(store),
+            "--out",
+            str(out),
+            "--min-history",
+            "2",
+            "--max-tasks",
+            str(n),
+            "--seed",
+            str(seed),
+        ]
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
 def offline_scorers():
     """The offline evaluator models, loaded once (the emotion stand-in trains once into the cache)."""
     from eval.backends import build_scorers

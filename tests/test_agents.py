@@ -13,29 +13,13 @@ from agents import simulate, suite
 from agents.agent import KINDS, AgentConfig, ReviewAgent
 from agents.llm import LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
 from agents.stars import StarModel, Tables, candidates, split_visible
-from data_prep import split
 from data_prep.store import ReviewStore, to_epoch
 from data_prep.tasks import read_targets, read_tasks
 
 
 @pytest.fixture(scope="module")
-def yelp_tasks(yelp_store, tmp_path_factory):
-    out = tmp_path_factory.mktemp("agent_tasks")
-    split.main(
-        [
-            "--data",
-            str(yelp_store),
-            "--out",
-            str(out),
-            "--min-history",
-            "2",
-            "--max-tasks",
-            "20",
-            "--seed",
-            "1",
-        ]
-    )
-    return out
+def yelp_tasks(yelp_store, tmp_path_factory, make_tasks):
+    return make_tasks(yelp_store, tmp_path_factory.mktemp("agent_tasks"), n=20, seed=1)
 
 
 def tasks_with_dates(task_dir):
@@ -145,6 +129,7 @@ class FakeLLM:
 
     def generate(self, conversations, sampling):
         self.calls.append(conversations)
+        self.cut_short = [False] * len(conversations)  # as every backend reports
         return self.first if len(self.calls) == 1 else self.retry[: len(conversations)]
 
 
@@ -258,6 +243,7 @@ class ConstantLLM:
 
     def generate(self, conversations, sampling):
         self.calls.append(conversations)
+        self.cut_short = [False] * len(conversations)
         return ["stars: 5\nreview: Fine." for _ in conversations]
 
 

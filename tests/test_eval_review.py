@@ -3,7 +3,6 @@ import json
 import numpy as np
 import pytest
 
-from data_prep import split
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
 from eval import baselines, review
@@ -11,23 +10,8 @@ from eval.backends import build_scorers
 
 
 @pytest.fixture(scope="module")
-def tasks(yelp_store, tmp_path_factory):
-    out = tmp_path_factory.mktemp("tasks")
-    split.main(
-        [
-            "--data",
-            str(yelp_store),
-            "--out",
-            str(out),
-            "--min-history",
-            "2",
-            "--max-tasks",
-            "30",
-            "--seed",
-            "0",
-        ]
-    )
-    return out
+def tasks(yelp_store, tmp_path_factory, make_tasks):
+    return make_tasks(yelp_store, tmp_path_factory.mktemp("tasks"), n=30, seed=0)
 
 
 def write_jsonl(path, rows):
