@@ -3,6 +3,7 @@ re-creation of the official load-everything-into-dicts approach, in one run.
 
     python -m bench.build_bench --out runs/bench                      # 200k and 2M reviews (~5 min)
     python -m bench.build_bench --out runs/bench --sizes 200000       # quick
+    python -m bench.build_bench --out runs/bench --synchronous 500000  # SQLite synchronous NORMAL vs OFF
 
 Each measurement runs in its own process, so peak RSS (from wait4) is that step's alone. Dumps are
 synthetic Yelp raw files (bench/synth_yelp.py), made once and reused; every build uses the official
@@ -65,6 +66,42 @@ def lookup_latency(store_dir: str, lookups: int) -> None:
     print(json.dumps(result))
 
 
+def build_with(synchronous: str, dump: Path, store: Path) -> dict:
+    """One build in a child process with the store's SQLite synchronous level set to ``synchronous``."""
+    shutil.rmtree(store, ignore_errors=True)
+    code = (
+        "import sys; from data_prep.store import StoreWriter; from data_prep import build; "
+        f"StoreWriter.SYNCHRONOUS = {synchronous!r}; build.main(sys.argv[1:])"
+    )
+    run = measure([sys.executable, "-c", code, "--source", "yelp", "--input", str(dump), "--out", str(store)])
+    run["reviews_per_second"] = round(
+        json.loads((store / "report.json").read_text())["reviews_read"] / run["wall_seconds"]
+    )
+    return run
+
+
+def compare_synchronous(size: int, out: Path, rounds: int = 2) -> dict:
+    """Builds of one dump with synchronous=OFF and NORMAL, interleaved (OFF, NORMAL, NORMAL, OFF, ...)
+    so that the machine's drift hits both alike; the ratio of median wall times."""
+    dump = out / f"yelp_{size}"
+    if not (dump / "yelp_academic_dataset_review.json").exists():
+        generate(size, dump)
+    walls: dict[str, list[float]] = {"OFF": [], "NORMAL": []}
+    for r in range(rounds):
+        for level in ("OFF", "NORMAL") if r % 2 == 0 else ("NORMAL", "OFF"):
+            print(f"== build of {size:,} reviews with synchronous={level}", flush=True)
+            walls[level].append(build_with(level, dump, out / f"store_sync_{size}")["wall_seconds"])
+    shutil.rmtree(out / f"store_sync_{size}", ignore_errors=True)
+    result = {
+        "reviews": size,
+        "wall_seconds": walls,
+        "normal_over_off": round(statistics.median(walls["NORMAL"]) / statistics.median(walls["OFF"]), 3),
+    }
+    (out / "build_bench_synchronous.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -74,9 +111,15 @@ def main() -> None:
     parser.add_argument("--official-size", type=int, default=200_000)
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--lookup-store", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--synchronous", type=int, metavar="REVIEWS", help="only compare SQLite synchronous NORMAL vs OFF"
+    )
     args = parser.parse_args()
     if args.lookup_store:
         return lookup_latency(args.lookup_store, args.lookups)
+    if args.synchronous:
+        compare_synchronous(args.synchronous, args.out)
+        return None
 
     py = sys.executable
     results = {"machine": {"cpus": os.cpu_count()}, "ours": {}, "official": {}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
@@ -39,9 +40,29 @@ def package_versions(names: list[str]) -> dict[str, str | None]:
     return versions
 
 
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|key|secret|password)[\w-]*$", re.IGNORECASE)
+
+
+def redact(argv: list[str]) -> list[str]:
+    """The command line with the values of flags named like secrets (token, key, secret, password)
+    replaced by ``***``: ``--hf-token X`` and ``--api_key=X`` alike."""
+    out, hide_next = [], False
+    for arg in argv:
+        flag, equals, _ = arg.partition("=")
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif _SECRET_FLAG.match(flag):
+            out.append(f"{flag}=***" if equals else arg)
+            hide_next = not equals
+        else:
+            out.append(arg)
+    return out
+
+
 def provenance(packages: list[str] = ()) -> dict:
     return {
-        "command": shlex.join([Path(sys.executable).name, "-m", _module_name(), *sys.argv[1:]]),
+        "command": shlex.join([Path(sys.executable).name, "-m", _module_name(), *redact(sys.argv[1:])]),
         "git_commit": git_commit(),
         "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "python": sys.version.split()[0],

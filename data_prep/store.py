@@ -64,13 +64,19 @@ def to_epoch(moment: int | float | str | datetime) -> int:
 
 
 class StoreWriter:
-    """The write side, used by data_prep.build. Each ``commit`` is atomic."""
+    """The write side, used by data_prep.build. Each ``commit`` is atomic.
+
+    WAL with ``synchronous=NORMAL``: a commit survives a crash of the process, and an OS crash or power
+    loss can at most lose the last commits, never corrupt the file (``OFF`` could corrupt a finished
+    store). Cost against ``OFF``: see bench/README.md (``python -m bench.build_bench --synchronous``)."""
+
+    SYNCHRONOUS = "NORMAL"  # the benchmark's child processes set OFF to measure the difference
 
     def __init__(self, path: Path):
         self.conn = sqlite3.connect(path, isolation_level=None)
         self.conn.executescript(
-            "PRAGMA page_size=16384; PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF; PRAGMA cache_size=-65536;"
-            + SCHEMA
+            f"PRAGMA page_size=16384; PRAGMA journal_mode=WAL; PRAGMA synchronous={self.SYNCHRONOUS}; "
+            "PRAGMA cache_size=-65536;" + SCHEMA
         )
         self.conn.execute("BEGIN")
 

@@ -63,37 +63,49 @@ def align(
     """One prediction (or None) per task in scope (the first ``limit`` tasks, or all), the task ids in
     scope that had none, and how many predictions were for known tasks outside the scope.
 
-    Errors (all collected, then raised together): a prediction for an unknown task, two predictions
-    for one task, stars that are not a finite number, a review that is not a string, and (unless
-    allow_missing) tasks without a prediction.
+    A prediction is matched by its ``task_id`` when it has one (and its user_id / item_id, when given,
+    must be that task's), else by its (user_id, item_id) pair, which must then name exactly one task.
+
+    Errors (all collected, then raised together): a prediction for an unknown task, ids that do not
+    match the task, a pair shared by several tasks without a task_id, two predictions for one task,
+    stars that are not a finite number, a review that is not a string, and (unless allow_missing)
+    tasks without a prediction.
     """
     scope = {t["task_id"] for t in tasks[:limit]} if limit is not None else {t["task_id"] for t in tasks}
     outside = 0
     by_id = {t["task_id"]: t for t in tasks}
-    by_pair: dict[tuple[str, str], int] = {}
+    by_pair: dict[tuple[str, str], list[int]] = {}
     for t in tasks:
-        pair = (t["user_id"], t["item_id"])
-        if pair in by_pair:
-            raise PredictionError(
-                f"tasks {by_pair[pair]} and {t['task_id']} share the pair {pair}: match by task_id"
-            )
-        by_pair[pair] = t["task_id"]
+        by_pair.setdefault((t["user_id"], t["item_id"]), []).append(t["task_id"])
 
     problems: list[str] = []
     matched: dict[int, dict] = {}
     for entry in entries:
         where = entry["where"]
+        pair = (entry.get("user_id"), entry.get("item_id"))
         if entry.get("task_id") is not None:
             task_id = entry["task_id"]
             if task_id not in by_id:
                 problems.append(f"{where}: unknown task_id {task_id!r}")
                 continue
+            task = by_id[task_id]
+            for key, value in zip(("user_id", "item_id"), pair, strict=True):
+                if value is not None and value != task[key]:
+                    problems.append(
+                        f"{where}: task {task_id} is {key}={task[key]!r}, the prediction says {value!r} "
+                        "(predictions made for another task folder?)"
+                    )
         else:
-            pair = (entry.get("user_id"), entry.get("item_id"))
-            if pair not in by_pair:
+            ids = by_pair.get(pair)
+            if not ids:
                 problems.append(f"{where}: no task for user_id={pair[0]!r}, item_id={pair[1]!r}")
                 continue
-            task_id = by_pair[pair]
+            if len(ids) > 1:
+                problems.append(
+                    f"{where}: tasks {ids} share the pair {pair}: this prediction needs its task_id"
+                )
+                continue
+            task_id = ids[0]
         if task_id not in scope:
             outside += 1
             continue

@@ -1,12 +1,19 @@
 import gzip
 import json
 import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from conftest import write_lines
 
 from data_prep import build
 from data_prep.store import ReviewStore
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run_build(*args) -> dict:
@@ -65,7 +72,7 @@ def test_amazon2018_dedup_removes_variant_copies(raw, tmp_path):
             r = json.loads(line)
             rows += 1
             if r.get("reviewText", "").strip():
-                distinct.add((r["reviewerID"], r["reviewText"], r["unixReviewTime"]))
+                distinct.add((r["reviewerID"], r["reviewText"], r["unixReviewTime"], r["overall"]))
             else:
                 no_text += 1
     assert report["reviews_read"] == rows == 13694
@@ -76,8 +83,11 @@ def test_amazon2018_dedup_removes_variant_copies(raw, tmp_path):
         report["reasons"]["duplicate_variant"] == rows - no_text - len(distinct) == report["reviews_filtered"]
     )
     db = sqlite3.connect(tmp_path / "store.sqlite")
-    texts = db.execute("SELECT user_id, ts, json_extract(data, '$.text') FROM reviews").fetchall()
+    texts = db.execute("SELECT user_id, ts, stars, json_extract(data, '$.text') FROM reviews").fetchall()
     assert len(texts) == len(set(texts))  # no copy survived
+    # reviews that share reviewer, text and time but not stars are different reviews: all kept
+    by_content = Counter((u, ts, text) for u, ts, _, text in texts)
+    assert sum(n > 1 for n in by_content.values()) == 9
     # Gift Cards has metadata; the other categories' items are stubs, counted
     store = ReviewStore(tmp_path)
     gift = db.execute(
@@ -302,3 +312,43 @@ def test_rebuild_is_a_no_op_and_other_inputs_are_refused(raw, tmp_path, capsys):
         run_build("--source", "yelp", "--input", other, "--out", tmp_path)
     replaced = run_build("--source", "yelp", "--input", other, "--out", tmp_path, "--overwrite")
     assert replaced["reviews_read"] == 12 and ReviewStore(tmp_path).get_reviews(user_id="u2")
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper has ended)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to find the workers")
+def test_parser_workers_end_when_the_build_process_is_killed(tmp_path):
+    from bench.synth_yelp import generate
+
+    dump = generate(60_000, tmp_path / "dump")
+    command = [sys.executable, "-m", "data_prep.build", "--source", "yelp", "--input", str(dump)]
+    build_process = subprocess.Popen(
+        [*command, "--out", str(tmp_path / "out"), "--workers", "2"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    workers: list[int] = []
+    while len(workers) < 2 and time.monotonic() < deadline and build_process.poll() is None:
+        workers = _children(build_process.pid)  # the pool's workers (and nothing else) are its children
+        time.sleep(0.05)
+    assert len(workers) == 2, "the build finished or never started its workers"
+    time.sleep(0.5)  # let them get busy
+    build_process.kill()  # SIGKILL: no cleanup runs in the parent
+    build_process.wait()
+    deadline = time.monotonic() + 10
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, workers)), "a parser worker outlived the killed build"

@@ -125,3 +125,17 @@ def test_different_texts_give_larger_errors(offline_scorers):
         and terms["emotion_error"][0] > 0.2
         and terms["topic_error"][0] > 0.1
     )
+
+
+def test_paired_bootstrap_interval_matches_scipy_bca_on_hand_made_differences():
+    from scipy.stats import bootstrap
+
+    rng = np.random.default_rng(1)
+    zeros = np.zeros(60)
+    b = {"star": rng.uniform(0, 0.4, 60), "sentiment": zeros, "emotion": zeros, "topic": zeros}
+    a = {**b, "star": b["star"] - rng.normal(0.02, 0.05, 60)}
+    result = paired_bootstrap(a, b, "preference_estimation", resamples=999, seed=3)
+    diff = b["star"] - a["star"]  # PE difference per task
+    reference = bootstrap((diff,), np.mean, n_resamples=999, method="BCa", rng=3).confidence_interval
+    assert result["difference"] == pytest.approx(diff.mean())
+    assert result["ci95"] == pytest.approx([reference.low, reference.high])

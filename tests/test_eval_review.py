@@ -7,6 +7,7 @@ from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
 from eval import baselines, review
 from eval.backends import build_scorers
+from eval.predictions import PredictionError, align
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,34 @@ def test_bad_predictions_are_clear_errors(tasks, tmp_path, rows, message):
     path = write_jsonl(tmp_path / "p.jsonl", rows)
     with pytest.raises(SystemExit, match=message):
         run_eval(tasks, path, tmp_path / "o", "--allow-missing")
+
+
+def test_predictions_match_by_task_id_even_when_tasks_share_a_pair():
+    tasks = [
+        {"task_id": 0, "user_id": "u", "item_id": "i"},
+        {"task_id": 1, "user_id": "u", "item_id": "i"},  # the same pair twice (a temporal split can do it)
+        {"task_id": 2, "user_id": "v", "item_id": "j"},
+    ]
+    rows = [
+        {"where": "p:1", "task_id": 1, "user_id": "u", "item_id": "i", "stars": 2.0, "review": "b"},
+        {"where": "p:2", "task_id": 0, "stars": 1.0, "review": "a"},
+        {"where": "p:3", "user_id": "v", "item_id": "j", "stars": 3.0, "review": "c"},
+    ]
+    matched, missing, outside = align(tasks, rows, allow_missing=False)
+    assert [m["review"] for m in matched] == ["a", "b", "c"] and not missing and not outside
+    # without a task_id, a shared pair cannot be matched: named, not guessed
+    with pytest.raises(PredictionError, match=r"tasks \[0, 1\] share the pair"):
+        align(tasks, [{**rows[0], "task_id": None}], allow_missing=True)
+
+
+def test_predictions_whose_ids_contradict_the_task_are_refused():
+    tasks = [{"task_id": 0, "user_id": "u", "item_id": "i"}, {"task_id": 1, "user_id": "v", "item_id": "j"}]
+    rows = [
+        {"where": "p:1", "task_id": 0, "user_id": "u", "item_id": "i", "stars": 2.0, "review": "ok"},
+        {"where": "p:2", "task_id": 1, "user_id": "v", "item_id": "OTHER", "stars": 2.0, "review": "ok"},
+    ]
+    with pytest.raises(PredictionError, match="task 1 is item_id='j', the prediction says 'OTHER'"):
+        align(tasks, rows, allow_missing=False)
 
 
 def test_official_output_layout_and_limit(tasks, tmp_path, offline_scorers):
