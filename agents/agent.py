@@ -14,8 +14,11 @@ fallback answers. A prediction never has an empty review. Retries and fallbacks 
 
 from __future__ import annotations
 
-import random
+import hashlib
+import json
+from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -25,6 +28,8 @@ from agents.stars import StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
 
 KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
+VISIBILITY = ("time-aware", "official")
+COUNTS = ("llm_answers", "parse_failures", "retries", "retry_successes", "fallbacks", "cut_short")
 STRICT = (
     "Your answer was not in the required format. Answer again with exactly two lines and nothing else:\n"
     "stars: <a whole number from 1 to 5>\nreview: <the review text>"
@@ -34,6 +39,14 @@ STRICT = (
 @dataclass
 class AgentConfig:
     kind: str = field(default="stats", metadata={"help": f"one of {', '.join(KINDS)}"})
+    visibility: str = field(
+        default="time-aware",
+        metadata={
+            "help": "time-aware: a task sees only reviews strictly older than its target (retrieval, "
+            "stars, everything); official: everything but the task pairs, as the AgentSociety "
+            "leaderboard does"
+        },
+    )
     k_user: int = 5
     k_item: int = 3
     retrieval: str = field(default="embedding", metadata={"help": "embedding or bm25"})
@@ -47,81 +60,141 @@ class AgentConfig:
     item_candidates: int = field(
         default=100, metadata={"help": "retrieval ranks the item's most recent N older reviews"}
     )
-    blend_validation: int = field(
-        default=0,
+    blend_fraction: float = field(
+        default=0.0,
         metadata={
-            "help": "tuned: ask the LLM for N validation reviews' stars and offer blends of the "
-            "calibrated stars with them as star-model candidates (0: no blend)"
+            "help": "tuned: ask the LLM for the stars of this fraction of the star model's validation "
+            "reviews (those its adapter did not train on; drawn by a hash of the review id) and let "
+            "blends with the calibrated stars compete (0: no blend)"
         },
+    )
+    blend_max: int = field(
+        default=256, metadata={"help": "refuse to start when the blend sample is larger than this"}
     )
 
 
 @dataclass
 class Prediction:
     task_id: int
+    user_id: str
+    item_id: str
     stars: float
     review: str
     source: str  # llm | llm_retry | fallback | stats
     raw: str | None = None
     unusable: list[str] = field(default_factory=list)  # LLM answers that could not be used, in order
     cut_short: bool = False  # the answer used stopped at max_new_tokens (its review may be truncated)
+    star_model: str | None = None  # the star candidate (or blend) that gave the stars; None: the LLM's
+    counts: Counter = field(default_factory=Counter)  # this task's share of the agent's counts
+
+
+@dataclass
+class Answer:
+    """The LLM's answer for one task, after at most one stricter retry."""
+
+    stars: float | None
+    review: str | None
+    text: str
+    source: str
+    unusable: list[str]
+    cut_short: bool
+    counts: Counter
 
 
 def usable(stars: float | None, review: str | None) -> bool:
     return stars is not None and 1 <= stars <= 5 and bool(review and review.strip())
 
 
+def in_sample(review_id: str, fraction: float, seed: int) -> bool:
+    """Membership by a hash of the review's own id: whether a review is drawn never depends on any
+    other review (so reviews added later cannot change which earlier ones are drawn)."""
+    digest = hashlib.sha256(f"{seed}:{review_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def adapter_training_data(adapter: str | Path) -> dict:
+    """What train.sft recorded about the examples an adapter was trained on (training_data.json)."""
+    path = Path(adapter) / "training_data.json"
+    if not path.exists():
+        raise SystemExit(
+            f"error: {path} is missing, so the reviews this adapter trained on are unknown; retrain it "
+            "with train.sft, or set blend_fraction: 0"
+        )
+    return json.loads(path.read_text())
+
+
 class ReviewAgent:
     def __init__(self, config: AgentConfig, llm_config: LLMConfig | None, store, encoder=None):
         if config.kind not in KINDS:
             raise ValueError(f"unknown agent kind {config.kind!r}: one of {KINDS}")
+        if config.visibility not in VISIBILITY:
+            raise ValueError(f"unknown visibility {config.visibility!r}: one of {VISIBILITY}")
         if config.item_candidates < 1:
             raise ValueError("item_candidates must be at least 1")
         self.config, self.store = config, store
         self.retriever = Retriever(encoder if config.retrieval == "embedding" else None)
         self.llm = load_llm(llm_config) if config.kind != "stats" else None
         self.tokenizer = getattr(self.llm, "tokenizer", None)
-        visible = store.visible_ratings()
-        self.stars = StarModel().fit(visible)
-        self.counts = dict.fromkeys(
-            ("llm_answers", "parse_failures", "retries", "retry_successes", "fallbacks", "cut_short"), 0
-        )
-        if config.kind == "tuned" and config.blend_validation > 0:
-            asked = min(config.blend_validation, len(self.stars.validation))
-            self.stars = StarModel().fit(visible, llm_validation=self.llm_validation_stars(asked))
-            self.stars.report["llm_validation_asked"] = asked
+        self.stars = StarModel(store.visible_ratings())
+        self.counts: Counter = Counter(dict.fromkeys(COUNTS, 0))
+        if config.kind == "tuned" and config.blend_fraction > 0:
+            self.stars.set_llm_validation(self.llm_validation_stars(llm_config.adapter))
 
-    def llm_validation_stars(self, n: int) -> dict[str, float]:
-        """The LLM's stars for a seeded sample of n of the star model's validation reviews, each asked
-        like a task (only strictly older reviews shown); unusable answers are left out. These answers
-        are not task answers, so they do not enter the agent's counts."""
-        sample = random.Random(self.config.seed).sample(self.stars.validation, n)
+    def llm_validation_stars(self, adapter: str | None) -> dict[str, float]:
+        """The LLM's stars for the drawn validation reviews that its adapter did not train on, each
+        asked like a time-aware task (only strictly older reviews shown); unusable answers are left
+        out. These are not task answers, so they do not enter the agent's counts."""
+        trained = set(adapter_training_data(adapter)["train_review_ids"]) if adapter else set()
+        rows = [r for r in self.stars.validation if r[0] not in trained]
+        drawn = [r for r in rows if in_sample(r[0], self.config.blend_fraction, self.config.seed)]
+        if len(drawn) > self.config.blend_max:
+            raise SystemExit(
+                f"error: blend_fraction {self.config.blend_fraction} draws {len(drawn)} validation reviews, "
+                f"more than blend_max {self.config.blend_max}: lower blend_fraction"
+            )
+        self.stars.report["llm_validation"] = {
+            "validation_reviews": len(self.stars.validation),
+            "not_in_adapter_training": len(rows),
+            "asked": len(drawn),
+        }
         tasks = [
-            {"task_id": review_id, "user_id": user, "item_id": item, "date": ts}
-            for review_id, user, item, ts, _ in sample
+            {"task_id": review_id, "user_id": user, "item_id": item, "ts": ts, "validation": True}
+            for review_id, user, item, ts, _ in drawn
         ]
         answered = {}
         for start in tqdm(range(0, len(tasks), self.config.batch_size), desc="LLM stars for the blend"):
             batch = tasks[start : start + self.config.batch_size]
-            parsed = self.ask(self.contexts(batch), counts=dict.fromkeys(self.counts, 0))[0]
+            answers = self.ask(self.contexts(batch))
             answered.update(
-                (t["task_id"], s) for t, (s, r) in zip(batch, parsed, strict=True) if usable(s, r)
+                (t["task_id"], a.stars)
+                for t, a in zip(batch, answers, strict=True)
+                if usable(a.stars, a.review)
             )
         return answered
+
+    def before(self, task: dict) -> int | None:
+        """The moment a task's prediction is made at: its target's time, or (official visibility)
+        none, so everything but the task pairs is visible. LLM validation asks are always time-aware."""
+        return None if self.config.visibility == "official" and not task.get("validation") else task["ts"]
+
+    def star_moment(self, task: dict) -> int:
+        moment = self.before(task)
+        return self.stars.history.end if moment is None else moment
 
     # -- context ---------------------------------------------------------------------------------------
     def context(self, task: dict) -> dict:
         return self.contexts([task])[0]
 
     def contexts(self, tasks: list[dict]) -> list[dict]:
-        """What the agent may see for each task: only reviews strictly older than its target (the store
-        hides the task pairs). Shown reviews are ranked by relevance, then put oldest first."""
+        """What the agent may see for each task: only reviews strictly older than its target (official
+        visibility: all reviews); the store hides the task pairs either way. Shown reviews are ranked
+        by relevance, then put oldest first."""
         k_user, k_item = self.config.k_user, self.config.k_item
         if self.config.kind == "asc-baseline":
             k_user, k_item = 0, 1
         contexts, requests = [], []
         for task in tasks:
-            before = task["date"]
+            before = self.before(task)
             user, item = self.store.get_user(task["user_id"]), self.store.get_item(task["item_id"])
             history = self.store.get_reviews(user_id=task["user_id"], before=before)
             item_pool = self.store.get_reviews(item_id=task["item_id"], before=before)
@@ -165,72 +238,91 @@ class ReviewAgent:
     # -- prediction ------------------------------------------------------------------------------------
     def predict(self, tasks: list[dict]) -> list[Prediction]:
         contexts = self.contexts(tasks)
+        users, items = [t["user_id"] for t in tasks], [t["item_id"] for t in tasks]
+        moments = [self.star_moment(t) for t in tasks]
         if self.llm is None:
+            stars, names = self.stars.predict(users, items, moments)
             return [
                 Prediction(
                     t["task_id"],
-                    self.stars.predict(t["user_id"], t["item_id"]),
+                    t["user_id"],
+                    t["item_id"],
+                    s,
                     self.fallback_review(c),
                     "stats",
+                    star_model=n,
                 )
-                for t, c in zip(tasks, contexts, strict=True)
+                for t, c, s, n in zip(tasks, contexts, stars, names, strict=True)
             ]
-        parsed, answers, sources, unusable, cut = self.ask(contexts)
+        answers = self.ask(contexts)
+        llm_stars = [a.stars if a.stars is not None and 1 <= a.stars <= 5 else None for a in answers]
+        if self.config.kind == "tuned":  # calibrated stars, blended with the LLM's where validation says so
+            stars, names = self.stars.predict(users, items, moments, llm_stars=llm_stars)
+        else:  # the LLM's own stars; calibrated ones only where the LLM gave none in range
+            calibrated, calibrated_names = self.stars.predict(users, items, moments)
+            stars = [s if s is not None else c for s, c in zip(llm_stars, calibrated, strict=True)]
+            names = [None if s is not None else n for s, n in zip(llm_stars, calibrated_names, strict=True)]
         out = []
-        for task, ctx, (stars, review), answer, source, rejected, cut_short in zip(
-            tasks, contexts, parsed, answers, sources, unusable, cut, strict=True
-        ):
-            if not usable(stars, review):
-                self.counts["fallbacks"] += 1
-                calibrated = self.stars.predict(task["user_id"], task["item_id"])
-                # keep what was usable: LLM stars in range, or its review text
-                stars = stars if stars is not None and 1 <= stars <= 5 else calibrated
+        for task, ctx, answer, star, name in zip(tasks, contexts, answers, stars, names, strict=True):
+            review, source, cut_short, counts = answer.review, answer.source, answer.cut_short, answer.counts
+            if not usable(answer.stars, answer.review):  # keep what was usable: in-range stars, or the text
+                counts["fallbacks"] += 1
+                source = "fallback"
                 if not (review and review.strip()):
                     review, cut_short = self.fallback_review(ctx), False
-                source = "fallback"
-            if self.config.kind == "tuned":
-                stars = self.stars.predict(task["user_id"], task["item_id"], llm_stars=stars)
-            self.counts["cut_short"] += cut_short
+            counts["cut_short"] += cut_short
+            self.counts.update(counts)
             out.append(
-                Prediction(task["task_id"], float(stars), review.strip(), source, answer, rejected, cut_short)
+                Prediction(
+                    task["task_id"],
+                    task["user_id"],
+                    task["item_id"],
+                    float(star),
+                    review.strip(),
+                    source,
+                    answer.text,
+                    answer.unusable,
+                    cut_short,
+                    name,
+                    counts,
+                )
             )
         return out
 
-    def ask(
-        self, contexts: list[dict], counts: dict | None = None
-    ) -> tuple[list, list[str], list[str], list[list[str]], list[bool]]:
-        """The LLM's parsed answers (stars, review), raw answers, sources, unusable answers and whether
-        each answer stopped at max_new_tokens; an unusable answer is asked once more, stricter.
-        Answers, failures and retries are added to ``counts`` (default: the agent's)."""
-        counts = self.counts if counts is None else counts
+    def ask(self, contexts: list[dict]) -> list[Answer]:
+        """The LLM's answer for each context; an unusable one is asked once more, stricter. Each answer
+        carries its own counts (answers, parse failures, retries, retry successes)."""
         sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
         conversations = [self.messages(c) for c in contexts]
-        answers = self.llm.generate(conversations, sampling)
-        cut = list(self.llm.cut_short)
-        counts["llm_answers"] += len(answers)
-        parsed = [parse_completion(a) for a in answers]
-        sources = ["llm"] * len(contexts)
-        bad = [i for i, (s, r) in enumerate(parsed) if not usable(s, r)]
-        unusable = [[answers[i]] if i in bad else [] for i in range(len(answers))]
-        counts["parse_failures"] += len(bad)
+        texts = self.llm.generate(conversations, sampling)
+        answers = []
+        for text, cut in zip(texts, self.llm.cut_short, strict=True):
+            stars, review = parse_completion(text)
+            counts = Counter(llm_answers=1)
+            ok = usable(stars, review)
+            counts["parse_failures"] += not ok
+            answers.append(Answer(stars, review, text, "llm", [] if ok else [text], cut, counts))
+        bad = [i for i, a in enumerate(answers) if not usable(a.stars, a.review)]
         if bad:  # one retry, stricter
             retry = [
                 conversations[i]
-                + [{"role": "assistant", "content": answers[i]}, {"role": "user", "content": STRICT}]
+                + [{"role": "assistant", "content": answers[i].text}, {"role": "user", "content": STRICT}]
                 for i in bad
             ]
-            counts["retries"] += len(bad)
             again = self.llm.generate(retry, sampling)
-            for i, answer, answer_cut in zip(bad, again, self.llm.cut_short, strict=True):
-                stars, review = parse_completion(answer)
+            for i, text, cut in zip(bad, again, self.llm.cut_short, strict=True):
+                answer = answers[i]
+                answer.counts["retries"] += 1
+                stars, review = parse_completion(text)
                 if usable(stars, review):
-                    parsed[i], answers[i], sources[i], cut[i] = (
-                        (stars, review),
-                        answer,
+                    answer.stars, answer.review, answer.text, answer.source, answer.cut_short = (
+                        stars,
+                        review,
+                        text,
                         "llm_retry",
-                        answer_cut,
+                        cut,
                     )
-                    counts["retry_successes"] += 1
+                    answer.counts["retry_successes"] += 1
                 else:
-                    unusable[i].append(answer)
-        return parsed, answers, sources, unusable, cut
+                    answer.unusable.append(text)
+        return answers

@@ -3,21 +3,27 @@
     python -m agents.simulate --config configs/agents/stats.yaml --data runs/demo/data/amazon \\
         --tasks runs/demo/tasks/amazon --out runs/demo/sim/stats
     python -m agents.simulate --config configs/agents/tuned.yaml ... --limit 50 --adapter runs/demo/sft/smollm2_lora
+    python -m agents.simulate --config configs/agents/stats.yaml ... --visibility official   # the leaderboard's
     # a shard of a job array, then the merge (slurm/simulate.sbatch does both)
     python -m agents.simulate --config ... --out runs/sim/x/shard_3 --shard 3/8
     python -m agents.simulate --merge runs/sim/x/shard_* --out runs/sim/x --tasks runs/demo/tasks/amazon
 
-RUN_DIR/predictions.jsonl gets one line per finished task as it finishes; a rerun skips finished tasks
-and never writes one twice (a line cut off by a kill is dropped and redone). A task that raises is
-written to errors.jsonl and the run goes on. LLM answers that could not be used (no stars, stars
-outside 1-5, no review) stay with their task, in the prediction's "unusable_answers". At the end:
-output.json in the official layout
-(``[{"task": {...}, "output": {"stars", "review"}}]``) and summary.json (counts, parse failures,
-retries, fallbacks, seconds per task, the star model's validation report, provenance).
+RUN_DIR/predictions.jsonl gets one line per finished task as it finishes (its ids, stars, review, where
+the answer came from, this task's counts and seconds); a rerun skips finished tasks and never writes
+one twice (a line cut off by a kill is dropped and redone). A task that raises is written to
+errors.jsonl and the run goes on. LLM answers that could not be used stay with their task
+("unusable_answers").
+
+RUN_DIR/fingerprint.json records what the run started from (agent and LLM config, the adapter's files,
+the task folder, the store's build, the shard); a rerun whose inputs differ stops and names what
+changed, unless --overwrite (which discards the earlier work). A rerun with nothing left to do loads no
+model. At the end: output.json in the official layout and summary.json, computed from every
+prediction line, so a killed and resumed run reports the same counts as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -25,15 +31,31 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tqdm import tqdm
 
-from agents.agent import AgentConfig, ReviewAgent
+from agents.agent import COUNTS, AgentConfig, ReviewAgent
 from agents.llm import LLMConfig
+from data_prep import fingerprint
 from data_prep.provenance import provenance
+from data_prep.schema import format_utc
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
+
+# Settings that change how fast a run goes, not what it predicts: left out of the fingerprint.
+EXECUTION_FIELDS = {
+    "batch_size",
+    "generation_batch_size",
+    "device",
+    "concurrency",
+    "timeout_s",
+    "max_retries",
+    "gpu_memory_utilization",
+}
+WORK_FILES = ("predictions.jsonl", "errors.jsonl", "invocations.jsonl", "star_model.json")
+PACKAGES = ["torch", "transformers", "peft", "sentence-transformers"]
 
 
 @dataclass
@@ -44,6 +66,9 @@ class RunArguments:
     limit: int | None = field(default=None, metadata={"help": "only the first N tasks"})
     shard: str | None = field(default=None, metadata={"help": "i/n: the tasks with task_id % n == i"})
     merge: list[str] | None = field(default=None, metadata={"help": "shard run folders to merge into --out"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "discard earlier work in --out made from other inputs"}
+    )
 
 
 def finished(path: Path) -> dict[int, dict]:
@@ -67,7 +92,7 @@ def load_tasks(args: RunArguments) -> list[dict]:
             f"error: {args.tasks}/targets.jsonl has no target time for tasks {missing[:10]}: make the "
             "tasks with data_prep.split (the agent must know what 'strictly older' means)"
         )
-    tasks = [{**t, "date": targets[t["task_id"]]["date"]} for t in tasks]
+    tasks = [{**t, "date": targets[t["task_id"]]["date"], "ts": targets[t["task_id"]]["ts"]} for t in tasks]
     if args.limit is not None:
         tasks = tasks[: args.limit]
     if args.shard:
@@ -89,32 +114,154 @@ def write_outputs(out: Path, tasks: list[dict], done: dict[int, dict], summary: 
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+
+
+def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments, store) -> dict:
+    """What decides a run's predictions (see data_prep.fingerprint)."""
+    uses_llm = agent_config.kind != "stats"
+    keep = lambda config: {k: v for k, v in asdict(config).items() if k not in EXECUTION_FIELDS}  # noqa: E731
+    build = store.meta().get("fingerprint") or ""
+    return {
+        "agent": keep(agent_config),
+        "llm": {k: v for k, v in keep(llm_config).items() if k != "adapter"} if uses_llm else None,
+        "adapter": fingerprint.adapter_digest(llm_config.adapter) if uses_llm else None,
+        "tasks": fingerprint.task_folder_digest(args.tasks),
+        "store": hashlib.sha256(build.encode()).hexdigest(),
+        "shard": args.shard,
+    }
+
+
+def adapter_postdates(adapter: str | None, tasks: list[dict]) -> dict | None:
+    """How many tasks are at or before the latest review the adapter trained on: for those, the
+    adapter's weights carry information from after the task's moment (labelled, not hidden)."""
+    path = Path(adapter or "") / "training_data.json"
+    if not adapter or not path.exists():
+        return None
+    latest = json.loads(path.read_text()).get("latest_target_ts")
+    if latest is None:
+        return None
+    return {
+        "latest_training_review": format_utc(latest),
+        "tasks_at_or_before_it": sum(t["ts"] <= latest for t in tasks),
+        "tasks": len(tasks),
+    }
+
+
+def summarise(out: Path, tasks: list[dict], done: dict[int, dict], extra: dict) -> dict:
+    """The summary, from the prediction lines of the tasks in scope, so it is the same however many
+    invocations (and kills) the run took."""
+    rows = [done[t["task_id"]] for t in tasks if t["task_id"] in done]
+    counts = Counter(dict.fromkeys(COUNTS, 0))
+    for row in rows:
+        counts.update(row.get("counts", {}))
+    failed = {e["task_id"] for e in read_jsonl(out / "errors.jsonl")} - set(done)
+    invocations = read_jsonl(out / "invocations.jsonl")
+    running = sum(row.get("seconds", 0.0) for row in rows)
+    star_model = out / "star_model.json"
+    return {
+        **extra,
+        "tasks": len(tasks),
+        "predicted": len(rows),
+        "errors": len(failed),
+        "error_task_ids": sorted(failed),
+        "answers_by_source": Counter(row.get("source") for row in rows),
+        "star_models_used": Counter(row.get("star_model") or "the LLM's own" for row in rows),
+        "counts": dict(counts),
+        "invocations": len(invocations),
+        "seconds_loading": round(sum(i["seconds_loading"] for i in invocations), 1),
+        "seconds_running": round(running, 2),
+        "seconds_per_task": round(running / len(rows), 4) if rows else None,
+        "star_model": json.loads(star_model.read_text()) if star_model.exists() else None,
+        "provenance": provenance(PACKAGES),
+    }
+
+
+def prediction_row(p, seconds: float) -> dict:
+    row = {
+        "task_id": p.task_id,
+        "user_id": p.user_id,
+        "item_id": p.item_id,
+        "stars": p.stars,
+        "review": p.review,
+        "source": p.source,
+        "star_model": p.star_model,
+        "counts": {k: v for k, v in p.counts.items() if v},
+        "seconds": round(seconds, 4),
+    }
+    if p.unusable:
+        row["unusable_answers"] = p.unusable
+    if p.cut_short:
+        row["cut_short"] = True  # the review stopped at max_new_tokens
+    return row
+
+
 def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tasks = load_tasks(args)
+    store = ReviewStore.open(args.data, tasks=args.tasks)
+    has_work = any((out / name).exists() for name in WORK_FILES)
+    inputs = fingerprint_inputs(agent_config, llm_config, args, store)
+    if not fingerprint.check(out, inputs, overwrite=args.overwrite, has_work=has_work):
+        for name in (*WORK_FILES, "output.json", "summary.json"):
+            (out / name).unlink(missing_ok=True)
+        print(f"--overwrite: discarded the earlier work in {out}")
     predictions_path = out / "predictions.jsonl"
     done = finished(predictions_path)
     todo = [t for t in tasks if t["task_id"] not in done]
     print(f"{len(tasks)} tasks: {len(done)} already done, {len(todo)} to run", flush=True)
+    if todo:
+        run_tasks(agent_config, llm_config, store, args, todo, done, out)
+    else:
+        print("nothing left to run: no model loaded")
+    uses_llm = agent_config.kind != "stats"
+    extra = {
+        "agent": asdict(agent_config),
+        "visibility": agent_config.visibility,
+        "llm": asdict(llm_config) if uses_llm else None,
+        "ran_now": len(todo),
+        "retrieval": agent_config.retrieval,
+        "adapter_training_data": adapter_postdates(llm_config.adapter, tasks) if uses_llm else None,
+    }
+    summary = summarise(out, tasks, done, extra)
+    write_outputs(out, tasks, done, summary)
+    c = summary["counts"]
+    print(
+        f"-> {predictions_path} ({summary['predicted']}/{len(tasks)} predicted, {summary['errors']} errors); "
+        f"fallbacks {c['fallbacks']}, retries {c['retries']}, answers cut at max_new_tokens {c['cut_short']}"
+    )
+    return summary
 
+
+def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dict, out: Path) -> None:
+    """Load the agent and predict ``todo`` batch by batch, appending each batch's lines (flushed)."""
     started = time.perf_counter()
-    store = ReviewStore.open(args.data, tasks=args.tasks)
     encoder = None
     if agent_config.retrieval == "embedding":
         from eval.backends import packaged_minilm
 
         encoder = packaged_minilm("cpu", 64)
     agent = ReviewAgent(agent_config, llm_config, store, encoder)
-    loaded = time.perf_counter()
-    errors = 0
+    (out / "star_model.json").write_text(json.dumps(agent.stars.report, indent=2, default=str))
+    with open(out / "invocations.jsonl", "a") as log:
+        record = {
+            "started_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "tasks_to_run": len(todo),
+            "seconds_loading": round(time.perf_counter() - started, 2),
+        }
+        log.write(json.dumps(record) + "\n")
     with (
-        open(predictions_path, "a") as sink,
+        open(out / "predictions.jsonl", "a") as sink,
         open(out / "errors.jsonl", "a") as error_sink,
         tqdm(total=len(todo), desc=agent_config.kind, unit=" tasks") as bar,
     ):
         for start in range(0, len(todo), agent_config.batch_size):
             batch = todo[start : start + agent_config.batch_size]
+            began = time.perf_counter()
             try:
                 predictions = agent.predict(batch)
             except Exception:  # one task at a time, to record exactly which ones fail
@@ -123,53 +270,24 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
                     try:
                         predictions += agent.predict([task])
                     except Exception:
-                        errors += 1
                         error_sink.write(
                             json.dumps({"task_id": task["task_id"], "error": traceback.format_exc()}) + "\n"
                         )
+                        error_sink.flush()
+            seconds = (time.perf_counter() - began) / max(len(predictions), 1)
             for p in predictions:
-                row = {"task_id": p.task_id, "stars": p.stars, "review": p.review, "source": p.source}
-                if p.unusable:
-                    row["unusable_answers"] = p.unusable
-                if p.cut_short:
-                    row["cut_short"] = True  # the review stopped at max_new_tokens
+                row = prediction_row(p, seconds)
                 sink.write(json.dumps(row, ensure_ascii=False) + "\n")
                 done[p.task_id] = row
             sink.flush()
             os.fsync(sink.fileno())
             bar.update(len(batch))
-    elapsed = time.perf_counter() - loaded
-    sources = Counter(row.get("source") for row in done.values())
-    summary = {
-        "agent": asdict(agent_config),
-        "llm": {**asdict(llm_config), "api_key_env": llm_config.api_key_env}
-        if agent_config.kind != "stats"
-        else None,
-        "tasks": len(tasks),
-        "predicted": sum(t["task_id"] in done for t in tasks),
-        "errors": errors,
-        "ran_now": len(todo),
-        "answers_by_source": sources,
-        "counts": agent.counts,
-        "seconds_loading": round(loaded - started, 1),
-        "seconds_running": round(elapsed, 2),
-        "seconds_per_task": round(elapsed / len(todo), 4) if todo else None,
-        "star_model": agent.stars.report,
-        "retrieval": agent.retriever.method,
-        "provenance": provenance(["torch", "transformers", "peft", "sentence-transformers"]),
-    }
-    write_outputs(out, tasks, done, summary)
-    print(
-        f"-> {predictions_path} ({summary['predicted']}/{len(tasks)} predicted, {errors} errors); "
-        f"fallbacks {agent.counts['fallbacks']}, retries {agent.counts['retries']}, "
-        f"answers cut at max_new_tokens {agent.counts['cut_short']}"
-    )
-    return summary
 
 
 def merge(shards: list[str], out: Path, task_dir: str | None) -> dict:
     """Shard runs -> one run: predictions.jsonl, and with --tasks the official output.json; summary.json
-    adds up the shards' counts. A task in two shards, or a task of the folder in none, is reported."""
+    counts every shard's prediction lines. A task in two shards, or a task of the folder in none, is
+    reported."""
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[int, dict] = {}
     summaries = []
@@ -182,19 +300,16 @@ def merge(shards: list[str], out: Path, task_dir: str | None) -> dict:
             summaries.append(json.loads((Path(shard) / "summary.json").read_text()))
     with open(out / "predictions.jsonl", "w") as f:
         f.writelines(json.dumps(rows[k], ensure_ascii=False) + "\n" for k in sorted(rows))
-    summary = {
-        "shards": len(shards),
-        "predicted": len(rows),
-        "errors": sum(s["errors"] for s in summaries),
-        "counts": {k: sum(s["counts"][k] for s in summaries) for k in summaries[0]["counts"]}
-        if summaries
-        else {},
-        "agent": summaries[0]["agent"] if summaries else None,
-        "provenance": provenance(["torch", "transformers", "peft", "sentence-transformers"]),
-    }
+    with open(out / "errors.jsonl", "w") as f:
+        for shard in shards:
+            f.writelines(json.dumps(e) + "\n" for e in read_jsonl(Path(shard) / "errors.jsonl"))
+    first = summaries[0] if summaries else {}
+    extra = {"shards": len(shards), "agent": first.get("agent"), "visibility": first.get("visibility")}
+    tasks = read_tasks(task_dir) if task_dir else [{"task_id": k} for k in sorted(rows)]
+    summary = summarise(out, tasks, rows, extra)
+    summary["star_model"] = first.get("star_model")
+    summary["seconds_loading"] = round(sum(s.get("seconds_loading", 0) for s in summaries), 1)
     if task_dir:
-        tasks = read_tasks(task_dir)
-        summary["tasks"] = len(tasks)
         summary["missing"] = [t["task_id"] for t in tasks if t["task_id"] not in rows]
         write_outputs(out, tasks, rows, summary)
     else:

@@ -1,17 +1,35 @@
-"""Calibrated star predictors, fitted on the reviews the store shows and chosen on a validation split
-carved from them (each user's latest visible review), never on the evaluation tasks.
+"""Calibrated star predictors that see only the past, chosen on validation reviews that are also past.
 
-Candidates: the global mean; the user's mean shrunk towards the global mean (strength chosen); the
-user's median; a regularised bias model mu + b_user + b_item (strength chosen); each also rounded to
-whole stars (PE rewards it when ratings are integers); and, when the agent gives LLM stars for some
-validation reviews, blends of the best model with them (raw and rounded). Every candidate's validation
-PE is reported. Everything is numpy over rating columns (no review texts), so a store of millions of
-reviews fits in seconds.
+Every prediction is made *as of a moment t* and uses only ratings strictly older than t (the store's
+block set already hides the task pairs). Under the official AgentSociety visibility, t is "after
+everything" for the tasks: every visible rating counts.
+
+Candidates, each also rounded to whole stars (PE rewards it when ratings are integers):
+
+- ``global_mean``: mu(t), the mean of all ratings before t;
+- ``user_mean_shrinkL``: the user's mean before t shrunk towards mu(t) with strength L;
+- ``user_median``: the median of the user's ratings before t (when stars take few distinct values);
+- ``bias_lambdaL``: mu(t) + b_user(t) + b_item(t), Koren's decoupled baseline: b_item(t) =
+  sum(r - mu(t)) / (n + L) over the item's ratings before t; b_user(t) = sum(e) / (n + L) over the
+  user's ratings before t, where e = r - mu(t_r) - b_item(t_r) is each rating's residual against the
+  item's bias at that rating's own time.
+
+All of these are time-ordered cumulative sums, so "as of t" is one binary search per statistic: a batch
+of tasks at different moments costs microseconds each, and the whole model over millions of ratings is
+built in seconds (bench/README.md).
+
+**Validation, without the future.** Every visible review whose user has an older visible review is a
+validation row, predicted at its own time exactly as a task would be. For a task at t, the candidate
+with the lowest mean error over the validation rows strictly older than t is used (a prequential
+choice); with fewer than ``min_validation`` such rows the ``DEFAULT`` candidate is used. So adding
+reviews after t (a flood of later 1-star reviews) changes nothing that a prediction at t uses.
+
+**LLM blends** (the tuned agent): the LLM's stars for some validation rows (``set_llm_validation``)
+make blends ``w * model + (1 - w) * LLM`` (w in 0, 1/4, 1/2, 3/4; raw and rounded) compete against the
+model alone on those rows, again only on rows older than the task.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 
@@ -19,125 +37,229 @@ Rating = tuple[
     str, str, str, int, float
 ]  # review_id, user_id, item_id, ts, stars (ReviewStore.visible_ratings)
 
-
-def pe(predicted: np.ndarray, truth: np.ndarray) -> float:
-    return float(1 - np.mean(np.abs(np.clip(predicted, 0, 5) - truth)) / 5)
-
-
-def split_visible(ratings: list[Rating]) -> tuple[list[Rating], list[Rating]]:
-    """Train: all but each user's latest review; validation: that latest review (users with >= 2)."""
-    if not ratings:
-        raise ValueError("no visible reviews to fit a star model on")
-    review, user, _, ts, _ = zip(*ratings, strict=True)
-    order = np.lexsort((np.array(review), np.array(ts), np.array(user)))  # by user, then time
-    users = np.array(user)[order]
-    last = np.r_[users[1:] != users[:-1], True]  # the last row of each user
-    first = np.r_[True, users[1:] != users[:-1]]
-    held = last & ~first  # users with at least two reviews
-    return [ratings[k] for k in order[~held]], [ratings[k] for k in order[held]]
+USER_SHRINK = (0.0, 1.0, 3.0, 10.0)
+BIAS_STRENGTH = (1.0, 5.0, 20.0)
+BLEND_WEIGHTS = (0.0, 0.25, 0.5, 0.75)  # weight of the model; 0 = the LLM's stars alone
+DEFAULT = "user_mean_shrink3"  # used while too few validation rows precede a task
+EMPTY_PRIOR = 3.0  # mu before the first rating of the store
+MAX_MEDIAN_VALUES = 12  # the median is computed from per-value counts; more distinct values: no median
 
 
-class Tables:
-    """Per-user and per-item statistics of a set of ratings; lookups by id (-1 = unseen)."""
+def errors(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """The official star error |clip(p, 0, 5) - s| / 5."""
+    return np.abs(np.clip(predicted, 0, 5) - truth) / 5
 
-    def __init__(self, ratings: list[Rating], lambdas: tuple[float, ...] = (1.0, 5.0, 20.0)):
-        _, user, item, _, stars = zip(*ratings, strict=True)
-        users, u = np.unique(np.array(user), return_inverse=True)
-        items, i = np.unique(np.array(item), return_inverse=True)
-        s = np.array(stars, dtype=np.float64)
+
+class Segments:
+    """Ratings grouped by a key (user or item), each group in time order, with prefix sums: how many of
+    a key's ratings are strictly older than t, and the sum of any column over them, is one binary
+    search."""
+
+    def __init__(self, key: np.ndarray, n_keys: int, ts: np.ndarray, t0: int, span: int):
+        self.order = np.lexsort((ts, key))
+        self.t0, self.span = t0, span
+        self.composite = key[self.order] * span + (ts[self.order] - t0)
+        self.first = np.searchsorted(key[self.order], np.arange(n_keys))
+        self.prefix: dict[str, np.ndarray] = {}
+
+    def add(self, name: str, values: np.ndarray) -> None:
+        self.prefix[name] = np.r_[0.0, np.cumsum(values[self.order])]
+
+    def before(self, keys: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[start, end) positions of each key's ratings older than its time; unseen keys (-1) get none."""
+        seen = keys >= 0
+        k = np.where(seen, keys, 0)
+        t = np.clip(times - self.t0, 0, self.span - 1)
+        end = np.searchsorted(self.composite, k * self.span + t, side="left")
+        start = self.first[k]
+        return np.where(seen, start, 0), np.where(seen, end, 0)
+
+    def total(self, name: str, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        return self.prefix[name][end] - self.prefix[name][start]
+
+
+class History:
+    """Every visible rating, indexed for "as of t" statistics."""
+
+    def __init__(self, ratings: list[Rating]):
+        if not ratings:
+            raise ValueError("no visible reviews to fit a star model on")
+        review, user, item, ts, stars = zip(*ratings, strict=True)
+        self.review_ids = np.array(review)
+        users, self.u = np.unique(np.array(user), return_inverse=True)
+        items, self.i = np.unique(np.array(item), return_inverse=True)
+        self.user_names, self.item_names = users, items
         self.user_index = {k: n for n, k in enumerate(users.tolist())}
         self.item_index = {k: n for n, k in enumerate(items.tolist())}
-        self.mu = float(s.mean())
-        self.count_u = np.bincount(u, minlength=len(users)).astype(np.float64)
-        self.sum_u = np.bincount(u, s, minlength=len(users))
-        order = np.lexsort((s, u))  # each user's stars, sorted
-        start = np.r_[0, np.cumsum(self.count_u)[:-1]].astype(int)
-        count = self.count_u.astype(int)
-        self.median_u = (s[order][start + (count - 1) // 2] + s[order][start + count // 2]) / 2
-        self.bias = {lam: self._biases(u, i, s, lam) for lam in lambdas}
+        self.ts = np.array(ts, dtype=np.int64)
+        self.stars = np.array(stars, dtype=np.float64)
+        self.end = int(self.ts.max()) + 1  # a moment after every rating: the official visibility
+        t0, span = int(self.ts.min()), int(self.ts.max() - self.ts.min()) + 2
+        by_time = np.argsort(self.ts, kind="stable")
+        self.global_ts = self.ts[by_time]
+        self.global_sum = np.r_[0.0, np.cumsum(self.stars[by_time])]
+        self.user = Segments(self.u, len(users), self.ts, t0, span)
+        self.item = Segments(self.i, len(items), self.ts, t0, span)
+        ones = np.ones(len(self.ts))
+        for segments in (self.user, self.item):
+            segments.add("n", ones)
+            segments.add("sum", self.stars)
+        values = np.unique(self.stars)
+        self.median_values = values if len(values) <= MAX_MEDIAN_VALUES else None
+        if self.median_values is not None:
+            for v in self.median_values:
+                self.user.add(f"count={v}", (self.stars == v).astype(np.float64))
+        # each rating's residual against the item's bias at its own time, for b_user
+        mu = self.mu(self.ts)
+        start, end = self.item.before(self.i, self.ts)
+        n, total = self.item.total("n", start, end), self.item.total("sum", start, end)
+        for lam in BIAS_STRENGTH:
+            self.user.add(f"residual{lam:g}", self.stars - mu - (total - n * mu) / (n + lam))
 
-    def _biases(self, u, i, s, lam: float, iterations: int = 10) -> tuple[np.ndarray, np.ndarray]:
-        """mu + b_user + b_item with L2 strength lam, by alternating least squares."""
-        count_i = np.bincount(i).astype(np.float64)
-        bu, bi = np.zeros(len(self.count_u)), np.zeros(len(count_i))
-        for _ in range(iterations):
-            bu = np.bincount(u, s - self.mu - bi[i], minlength=len(bu)) / (self.count_u + lam)
-            bi = np.bincount(i, s - self.mu - bu[u], minlength=len(bi)) / (count_i + lam)
-        return bu, bi
+    def mu(self, times: np.ndarray) -> np.ndarray:
+        n = np.searchsorted(self.global_ts, times, side="left")
+        return np.where(n > 0, self.global_sum[n] / np.maximum(n, 1), EMPTY_PRIOR)
 
-    def indices(self, users: list[str], items: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def codes(self, users: list[str], items: list[str]) -> tuple[np.ndarray, np.ndarray]:
         u = np.array([self.user_index.get(x, -1) for x in users], dtype=np.int64)
         i = np.array([self.item_index.get(x, -1) for x in items], dtype=np.int64)
         return u, i
 
+    def candidates(self, u: np.ndarray, i: np.ndarray, times: np.ndarray) -> dict[str, np.ndarray]:
+        """Every candidate's prediction for (user code, item code, moment) rows, using only the ratings
+        strictly older than each row's moment."""
+        times = np.asarray(times, dtype=np.int64)
+        mu = self.mu(times)
+        us, ue = self.user.before(u, times)
+        n_u, sum_u = self.user.total("n", us, ue), self.user.total("sum", us, ue)
+        is_, ie = self.item.before(i, times)
+        n_i, sum_i = self.item.total("n", is_, ie), self.item.total("sum", is_, ie)
+        out = {"global_mean": mu}
+        for lam in USER_SHRINK:
+            out[f"user_mean_shrink{lam:g}"] = np.where(
+                n_u > 0, (sum_u + lam * mu) / np.maximum(n_u + lam, 1e-12), mu
+            )
+        if self.median_values is not None:
+            out["user_median"] = self._median(us, ue, n_u, mu)
+        for lam in BIAS_STRENGTH:
+            b_item = (sum_i - n_i * mu) / (n_i + lam)
+            b_user = self.user.total(f"residual{lam:g}", us, ue) / (n_u + lam)
+            out[f"bias_lambda{lam:g}"] = mu + b_user + b_item
+        for name in list(out):
+            out[f"{name}_rounded"] = np.clip(np.rint(out[name]), 1, 5)
+        return out
 
-Predictor = Callable[[np.ndarray, np.ndarray], np.ndarray]  # user and item indices -> stars
+    def _median(self, start: np.ndarray, end: np.ndarray, n: np.ndarray, mu: np.ndarray) -> np.ndarray:
+        counts = np.stack([self.user.total(f"count={v}", start, end) for v in self.median_values], axis=1)
+        cumulative = np.cumsum(counts, axis=1)
+        k = n.astype(np.int64)
+        low = np.argmax(cumulative > ((k - 1) // 2)[:, None], axis=1)
+        high = np.argmax(cumulative > (k // 2)[:, None], axis=1)
+        return np.where(k > 0, (self.median_values[low] + self.median_values[high]) / 2, mu)
 
 
-def candidates(t: Tables) -> dict[str, Predictor]:
-    def per_user(values: np.ndarray) -> Predictor:
-        return lambda u, i: np.where(u >= 0, values[u], t.mu)
+class PrequentialChoice:
+    """For a moment t, the option with the lowest mean error over the rows strictly older than t (ties:
+    the first option); ``fallback`` while fewer than ``minimum`` rows precede t."""
 
-    out: dict[str, Predictor] = {"global_mean": lambda u, i: np.full(len(u), t.mu)}
-    for lam in (0.0, 1.0, 3.0, 10.0):
-        out[f"user_mean_shrink{lam:g}"] = per_user((t.sum_u + lam * t.mu) / (t.count_u + lam))
-    out["user_median"] = per_user(t.median_u)
-    for lam, (bu, bi) in t.bias.items():
-        out[f"bias_lambda{lam:g}"] = lambda u, i, bu=bu, bi=bi: (
-            t.mu + np.where(u >= 0, bu[u], 0.0) + np.where(i >= 0, bi[i], 0.0)
-        )
-    for name in list(out):
-        out[f"{name}_rounded"] = lambda u, i, base=out[name]: np.clip(np.rint(base(u, i)), 1, 5)
-    return out
+    def __init__(self, times: np.ndarray, errors: dict[str, np.ndarray], minimum: int, fallback: str):
+        order = np.argsort(times, kind="stable")
+        self.times = np.asarray(times)[order]
+        self.names = list(errors)
+        matrix = np.stack([np.asarray(errors[n])[order] for n in self.names], axis=1)
+        self.cumulative = np.vstack([np.zeros(len(self.names)), np.cumsum(matrix, axis=0)])
+        self.minimum, self.fallback = minimum, fallback
+
+    def choose(self, times: np.ndarray) -> list[str]:
+        k = np.searchsorted(self.times, np.asarray(times), side="left")
+        best = np.argmin(self.cumulative[k], axis=1)
+        return [self.names[b] if n >= self.minimum else self.fallback for b, n in zip(best, k, strict=True)]
+
+    def mean_errors(self) -> dict[str, float]:
+        n = max(len(self.times), 1)
+        return {name: float(self.cumulative[-1, j] / n) for j, name in enumerate(self.names)}
 
 
 class StarModel:
-    """Chooses a star predictor on validation, then refits it on all visible reviews."""
+    """Time-aware calibrated stars: ``predict`` for tasks, with the candidate chosen per task on the
+    validation rows older than it, and optionally blended with the LLM's stars."""
 
-    def fit(self, ratings: list[Rating], llm_validation: dict[str, float] | None = None) -> StarModel:
-        train, validation = split_visible(ratings)
-        self.validation = validation
-        truth = np.array([r[4] for r in validation])
-        tables = Tables(train)
-        u, i = tables.indices([r[1] for r in validation], [r[2] for r in validation])
-        scores, predictions = {}, {}
-        for name, predict in candidates(tables).items():
-            predictions[name] = predict(u, i)
-            scores[name] = pe(predictions[name], truth)
-        best = chosen = max(scores, key=scores.get)
-        self.blend_weight, self.blend_rounded = None, False
-        if llm_validation:  # blends of the best model with the LLM's stars, where the LLM answered
-            have = [k for k, r in enumerate(validation) if r[0] in llm_validation]
-            llm = np.array([llm_validation[validation[k][0]] for k in have])
-            reference = f"{best}_on_llm_subset"
-            scores[reference] = pe(predictions[best][have], truth[have])
-            blends = {}
-            for w in (0.0, 0.25, 0.5, 0.75):  # w = weight of the model; 0 = the LLM's stars alone
-                blended = w * predictions[best][have] + (1 - w) * llm
-                for rounded in (False, True):
-                    name = f"blend_{w:g}_{best}{'_rounded' if rounded else ''}"
-                    scores[name] = pe(np.rint(blended) if rounded else blended, truth[have])
-                    blends[name] = (w, rounded)
-            blend = max(blends, key=scores.get)
-            if scores[blend] > scores[reference]:
-                self.blend_weight, self.blend_rounded = blends[blend]
-                chosen = blend
+    def __init__(self, ratings: list[Rating], min_validation: int = 30, min_blend: int = 8):
+        self.history = h = History(ratings)
+        start, end = h.user.before(h.u, h.ts)
+        rows = np.flatnonzero(end > start)  # the user has an older rating: a validation row
+        self.validation_rows = rows
+        self.validation: list[Rating] = list(
+            zip(
+                h.review_ids[rows].tolist(),
+                h.user_names[h.u[rows]].tolist(),
+                h.item_names[h.i[rows]].tolist(),
+                h.ts[rows].tolist(),
+                h.stars[rows].tolist(),
+                strict=True,
+            )
+        )
+        predicted = h.candidates(h.u[rows], h.i[rows], h.ts[rows])
+        truth = h.stars[rows]
+        self.choice = PrequentialChoice(
+            h.ts[rows], {n: errors(predicted.pop(n), truth) for n in list(predicted)}, min_validation, DEFAULT
+        )
+        self.blend: PrequentialChoice | None = None
+        self.min_blend = min_blend
+        scores = {n: round(1 - e, 4) for n, e in self.choice.mean_errors().items()}
         self.report = {
-            "validation_reviews": len(validation),
-            "train_reviews": len(train),
-            "candidates_pe": {k: round(v, 4) for k, v in sorted(scores.items(), key=lambda kv: -kv[1])},
-            "chosen": chosen,
-            "blend_weight_on_model": self.blend_weight,
-            "llm_validation_stars": len(llm_validation) if llm_validation else 0,
+            "validation_reviews": len(rows),
+            "rule": f"per task: lowest error on the validation reviews older than it (>= {min_validation}, "
+            f"else {DEFAULT})",
+            "candidates_pe": dict(sorted(scores.items(), key=lambda kv: -kv[1])),
+            "chosen_with_all_validation": self.choice.choose(np.array([h.end]))[0],
+            "llm_validation_stars": 0,
         }
-        self.name = chosen
-        self.tables = Tables(ratings)  # refit on everything visible
-        self.predict_fn = candidates(self.tables)[best]
-        return self
 
-    def predict(self, user: str, item: str, llm_stars: float | None = None) -> float:
-        value = float(self.predict_fn(*self.tables.indices([user], [item]))[0])
-        if self.blend_weight is not None and llm_stars is not None:
-            value = self.blend_weight * value + (1 - self.blend_weight) * llm_stars
-            value = np.rint(value) if self.blend_rounded else value
-        return float(np.clip(value, 1, 5))
+    def set_llm_validation(self, answers: dict[str, float]) -> None:
+        """The LLM's stars for some validation reviews (review_id -> stars): blends compete from now on."""
+        h = self.history
+        keep = [k for k, r in enumerate(self.validation_rows) if str(h.review_ids[r]) in answers]
+        self.report["llm_validation_stars"] = len(keep)
+        if not keep:
+            return
+        rows = self.validation_rows[keep]
+        times, truth = h.ts[rows], h.stars[rows]
+        llm = np.array([answers[str(h.review_ids[r])] for r in rows])
+        chosen = self.choice.choose(times)  # the model as it stood at each row's own time
+        predicted = h.candidates(h.u[rows], h.i[rows], times)
+        model = np.array([predicted[c][k] for k, c in enumerate(chosen)])
+        options = {"model": errors(model, truth)}
+        for w in BLEND_WEIGHTS:
+            blended = w * model + (1 - w) * llm
+            options[f"blend_{w:g}"] = errors(blended, truth)
+            options[f"blend_{w:g}_rounded"] = errors(np.rint(blended), truth)
+        self.blend = PrequentialChoice(times, options, self.min_blend, "model")
+        self.report["blend_rule"] = (
+            f"per task: a blend only where it beats the model alone on the LLM-answered validation "
+            f"reviews older than the task (>= {self.min_blend} of them)"
+        )
+        self.report["blend_candidates_pe"] = {n: round(1 - e, 4) for n, e in self.blend.mean_errors().items()}
+
+    def predict(
+        self,
+        users: list[str],
+        items: list[str],
+        times: list[int],
+        llm_stars: list[float | None] | None = None,
+    ) -> tuple[list[float], list[str]]:
+        """Stars for each (user, item, moment), and the name of what produced them."""
+        h = self.history
+        u, i = h.codes(users, items)
+        t = np.asarray(times, dtype=np.int64)
+        predicted = h.candidates(u, i, t)
+        names = self.choice.choose(t)
+        values = np.array([predicted[n][k] for k, n in enumerate(names)])
+        if self.blend is not None and llm_stars is not None:
+            for k, option in enumerate(self.blend.choose(t)):
+                if option != "model" and llm_stars[k] is not None:
+                    w = float(option.split("_")[1])
+                    blended = w * values[k] + (1 - w) * llm_stars[k]
+                    values[k] = np.rint(blended) if option.endswith("_rounded") else blended
+                    names[k] = f"{option}:{names[k]}"
+        return np.clip(values, 1, 5).tolist(), names

@@ -7,7 +7,8 @@ Every review the store shows (evaluation task pairs are blocked) whose user has 
 strictly older reviews becomes one example: the prompt (data_prep.prompt.build_messages) shows the
 user's latest --k-user reviews and the item's latest --k-item reviews, all strictly older than the
 target; the completion is ``stars: S\\nreview: TEXT``. Examples are split into train and validation by
-user (no user is in both).
+user (no user is in both). With a temporal task folder, only reviews older than its cutoff become
+targets (--before sets another moment), so no adapter learns from the test period.
 
 Writes PAIRS_DIR/dataset (a datasets.DatasetDict, conversational prompt/completion plus metadata),
 train.jsonl, validation.jsonl, card.json and README.md (counts, token-length percentiles, how it was
@@ -28,7 +29,8 @@ from tqdm import tqdm
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
 from data_prep.prompt import fit_messages, format_completion, render_prompt
 from data_prep.provenance import provenance
-from data_prep.store import ReviewStore
+from data_prep.schema import parse_iso
+from data_prep.store import ReviewStore, to_epoch
 
 
 def is_validation(user_id: str, fraction: float, seed: int) -> bool:
@@ -37,12 +39,27 @@ def is_validation(user_id: str, fraction: float, seed: int) -> bool:
 
 
 def make_examples(
-    store: ReviewStore, tokenizer, k_user: int, k_item: int, min_history: int, max_tokens: int
+    store: ReviewStore,
+    tokenizer,
+    k_user: int,
+    k_item: int,
+    min_history: int,
+    max_tokens: int,
+    before: int | None = None,
 ) -> tuple[list[dict], dict[str, int]]:
-    """All examples, and counts of reviews left out (too little history; too long even with no past
-    review shown) and of shown reviews dropped to fit the token budget."""
-    examples, counts = [], {"too_little_history": 0, "too_long": 0, "shown_reviews_dropped_to_fit": 0}
+    """All examples, and counts of reviews left out (at or after ``before``; too little history; too
+    long even with no past review shown) and of shown reviews dropped to fit the token budget."""
+    examples = []
+    counts = {
+        "at_or_after_cutoff": 0,
+        "too_little_history": 0,
+        "too_long": 0,
+        "shown_reviews_dropped_to_fit": 0,
+    }
     for target in tqdm(store.visible_reviews(), desc="pairs", unit=" reviews", mininterval=2):
+        if before is not None and parse_iso(target["date"]) >= before:
+            counts["at_or_after_cutoff"] += 1
+            continue
         history = store.get_reviews(user_id=target["user_id"], before=target["date"])
         if len(history) < min_history:
             counts["too_little_history"] += 1
@@ -119,8 +136,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", default=OFFLINE_SMOLLM2, help="the model's: budgets, lengths, --debug")
     parser.add_argument("--max-tokens", type=int, default=1024, help="budget for prompt + completion + EOS")
+    parser.add_argument(
+        "--before",
+        help="only reviews strictly older than this become training targets (default: a temporal task "
+        "folder's cutoff, so nothing from the test period is trained on; none for other splits)",
+    )
     parser.add_argument("--debug", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
+    manifest_path = args.tasks / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    before = args.before or (manifest.get("cutoff") if manifest.get("strategy") == "temporal" else None)
 
     from datasets import Dataset, DatasetDict
     from transformers import AutoTokenizer
@@ -128,7 +153,13 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.tokenizer))
     store = ReviewStore.open(args.data, tasks=args.tasks)
     examples, counts = make_examples(
-        store, tokenizer, args.k_user, args.k_item, args.min_history, args.max_tokens
+        store,
+        tokenizer,
+        args.k_user,
+        args.k_item,
+        args.min_history,
+        args.max_tokens,
+        to_epoch(before) if before else None,
     )
     if not examples:
         raise SystemExit(f"error: no example qualifies ({counts}); lower --min-history or raise --max-tokens")
@@ -172,7 +203,10 @@ def main(argv: list[str] | None = None) -> dict:
             "blocked_task_pairs": store.blocked,
         },
         "tasks": str(args.tasks),
-        "leakage_rules": "task (user, item) pairs blocked; every shown review strictly older than the target",
+        "targets_before": before,
+        "latest_target": max(e["date"] for e in examples),
+        "leakage_rules": "task (user, item) pairs blocked; every shown review strictly older than the target"
+        + (f"; only targets older than {before}" if before else ""),
         "provenance": provenance(["datasets", "transformers"]),
     }
     (args.out / "card.json").write_text(json.dumps(card, indent=2))

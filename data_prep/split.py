@@ -45,13 +45,16 @@ SELECT t.review_id, t.user_id, t.item_id, t.ts, t.stars, t.data, {_HISTORY}
 FROM last t WHERE t.rn = 1
 """
 
+# History counts only reviews that stay visible to a prediction: before the cutoff, and not of an item
+# the user has a candidate target on (that pair may be blocked as a task, which hides all its reviews).
 TEMPORAL = """
 WITH firsts AS (
     SELECT review_id, user_id, item_id, ts, stars, data,
            ROW_NUMBER() OVER (PARTITION BY user_id, item_id ORDER BY ts, review_id) AS rn
     FROM reviews WHERE ts >= :cutoff)
 SELECT t.review_id, t.user_id, t.item_id, t.ts, t.stars, t.data,
-    (SELECT COUNT(*) FROM reviews h WHERE h.user_id = t.user_id AND h.ts < :cutoff) AS history
+    (SELECT COUNT(*) FROM reviews h WHERE h.user_id = t.user_id AND h.ts < :cutoff
+       AND NOT EXISTS (SELECT 1 FROM firsts f WHERE f.user_id = h.user_id AND f.item_id = h.item_id)) AS history
 FROM firsts t WHERE t.rn = 1
 """
 

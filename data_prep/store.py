@@ -246,6 +246,30 @@ class ReviewStore:
             f"SELECT review_id, user_id, item_id, ts, stars FROM reviews r {where}"
         ).fetchall()
 
+    def _where(self, before) -> tuple[str, list]:
+        clauses, args = [], []
+        if before is not None:
+            clauses.append("r.ts < ?")
+            args.append(to_epoch(before))
+        if self.blocked:
+            clauses.append(
+                "NOT EXISTS (SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)"
+            )
+        return ("WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+    def mean_stars(self, before: int | str | datetime | None = None) -> float | None:
+        """The mean of every visible review's stars (strictly older than ``before``); None if none."""
+        where, args = self._where(before)
+        return self.conn.execute(f"SELECT AVG(stars) FROM reviews r {where}", args).fetchone()[0]
+
+    def latest_review(self, before: int | str | datetime | None = None) -> dict | None:
+        """The most recent visible review of the whole store (strictly older than ``before``)."""
+        where, args = self._where(before)
+        row = self.conn.execute(
+            f"SELECT data FROM reviews r {where} ORDER BY r.ts DESC, r.review_id DESC LIMIT 1", args
+        ).fetchone()
+        return orjson.loads(row[0]) if row else None
+
     def meta(self) -> dict[str, str]:
         return dict(self.conn.execute("SELECT key, value FROM meta"))
 

@@ -2,13 +2,18 @@
 
     python -m eval.baselines previous-review --data runs/data/yelp --tasks runs/tasks/yelp --out runs/pred/prev.jsonl
     python -m eval.baselines user-mean --data runs/data/yelp --tasks runs/tasks/yelp --out runs/pred/mean.jsonl
+    python -m eval.baselines user-mean ... --visibility official     # the leaderboard's visibility
     python -m eval.baselines truth --tasks runs/tasks/yelp --out runs/pred/truth.jsonl   # must score PE = RG = 1
 
 ``previous-review``: the stars and text of the user's latest review strictly older than the target;
 ``user-mean``: the mean stars of all the user's reviews strictly older than the target, with the text
 of the latest one (the star baseline the ``stats`` agent must beat). Both read the store with the task
-pairs blocked, so they can never see a target. Tasks whose user has no older review get no prediction
-and are listed.
+pairs blocked, so they never see a target; with ``--visibility official`` "older than the target" is
+dropped (everything but the task pairs is visible), as on the AgentSociety leaderboard.
+
+A task whose user has no visible review still gets a prediction (a fallback, counted and listed): the
+mean of all visible stars older than the target and the item's latest older review (else the store's
+latest older review). OUT.summary.json records the kind, the visibility and the fallbacks.
 """
 
 from __future__ import annotations
@@ -17,26 +22,54 @@ import argparse
 import json
 from pathlib import Path
 
+from data_prep.provenance import provenance
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_groundtruth, read_targets, read_tasks
+from eval.predictions import summary_path
+
+VISIBILITY = ("time-aware", "official")
 
 
-def from_history(data: Path, task_dir: Path, kind: str = "previous-review") -> tuple[list[dict], list[int]]:
+def fallback(store: ReviewStore, item_id: str, before: int | None) -> tuple[float, str]:
+    """For a user with no visible review: the mean visible stars, and the item's latest review text
+    (else the store's latest), all older than ``before``."""
+    mean = store.mean_stars(before)
+    item = store.get_reviews(item_id=item_id, before=before)
+    latest = item[-1] if item else store.latest_review(before)
+    return (mean if mean is not None else 3.0), (latest["text"] if latest else "")
+
+
+def from_history(
+    data: Path, task_dir: Path, kind: str = "previous-review", visibility: str = "time-aware"
+) -> tuple[list[dict], list[int]]:
+    """Predictions for every task, and the ids of the tasks that needed the fallback."""
+    if visibility not in VISIBILITY:
+        raise ValueError(f"unknown visibility {visibility!r}: one of {VISIBILITY}")
     store = ReviewStore.open(data, tasks=task_dir)
     targets = read_targets(task_dir)
-    rows, without = [], []
+    rows, fell_back = [], []
     for task in read_tasks(task_dir):
-        before = targets[task["task_id"]]["ts"] if task["task_id"] in targets else None
-        history = store.get_reviews(user_id=task["user_id"], before=before) if before else []
-        if not history:
-            without.append(task["task_id"])
-            continue
-        last = history[-1]
-        stars = (
-            last["stars"] if kind == "previous-review" else sum(r["stars"] for r in history) / len(history)
-        )
-        rows.append({"task_id": task["task_id"], "stars": stars, "review": last["text"]})
-    return rows, without
+        if visibility == "time-aware" and task["task_id"] not in targets:
+            raise SystemExit(
+                f"error: {task_dir}/targets.jsonl has no time for task {task['task_id']}: time-aware "
+                "visibility needs it (make the tasks with data_prep.split, or use --visibility official)"
+            )
+        before = targets[task["task_id"]]["ts"] if visibility == "time-aware" else None
+        history = store.get_reviews(user_id=task["user_id"], before=before)
+        row = {"task_id": task["task_id"], "user_id": task["user_id"], "item_id": task["item_id"]}
+        if history:
+            last = history[-1]
+            stars = (
+                last["stars"]
+                if kind == "previous-review"
+                else sum(r["stars"] for r in history) / len(history)
+            )
+            rows.append({**row, "stars": stars, "review": last["text"]})
+        else:
+            stars, text = fallback(store, task["item_id"], before)
+            rows.append({**row, "stars": stars, "review": text, "fallback": True})
+            fell_back.append(task["task_id"])
+    return rows, fell_back
 
 
 def truth(task_dir: Path) -> list[dict]:
@@ -53,17 +86,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", type=Path, required=True)
     parser.add_argument("--data", type=Path, help="build folder (previous-review, user-mean)")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--visibility", choices=VISIBILITY, default="time-aware")
     args = parser.parse_args(argv)
+    fell_back: list[int] = []
     if args.kind != "truth":
         if not args.data:
             parser.error(f"{args.kind} needs --data")
-        rows, without = from_history(args.data, args.tasks, args.kind)
-        if without:
-            print(f"note: {len(without)} tasks have no older review to copy and get no prediction: {without}")
+        rows, fell_back = from_history(args.data, args.tasks, args.kind, args.visibility)
+        if fell_back:
+            print(
+                f"note: {len(fell_back)} tasks have no visible review of their user: fallback used for {fell_back}"
+            )
     else:
         rows = truth(args.tasks)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    summary = {
+        "kind": args.kind,
+        "visibility": args.visibility if args.kind != "truth" else "the ground truth itself",
+        "tasks": len(rows),
+        "fallbacks": len(fell_back),
+        "fallback_task_ids": fell_back,
+        "provenance": provenance(),
+    }
+    summary_path(args.out).write_text(json.dumps(summary, indent=2))
     print(f"{len(rows)} predictions -> {args.out}")
 
 

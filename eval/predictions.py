@@ -14,6 +14,24 @@ import math
 from pathlib import Path
 
 
+def summary_path(predictions: str | Path) -> Path:
+    """Where the summary of the run that made a prediction file lives: summary.json beside an agent
+    run's predictions.jsonl / output.json (agents.simulate), else NAME.summary.json beside NAME.jsonl
+    (eval.baselines)."""
+    path = Path(predictions)
+    if path.name in ("predictions.jsonl", "output.json"):
+        return path.parent / "summary.json"
+    return path.with_name(path.stem + ".summary.json")
+
+
+def run_visibility(predictions: str | Path) -> str:
+    """The visibility the predictions were made under, from their run's summary."""
+    path = summary_path(predictions)
+    if not path.exists():
+        return f"unknown (no {path.name} beside the predictions)"
+    return json.loads(path.read_text()).get("visibility") or f"unknown (not recorded in {path})"
+
+
 class PredictionError(ValueError):
     """A prediction file that cannot be scored as it is; the message lists every offending entry."""
 

@@ -10,7 +10,8 @@
     python -m eval.review --compare runs/eval/a/results.json runs/eval/b/results.json --out runs/eval/cmp
 
 Writes OUT_DIR/results.json (PE, RG, overall, the three error terms, n, SIM/REAL and per-source
-breakdowns, counts, provenance), OUT_DIR/samples.jsonl (every per-task term) and two PNGs
+breakdowns, counts, the visibility the predictions were made under (from their run's summary),
+provenance), OUT_DIR/samples.jsonl (every per-task term) and two PNGs
 (star_confusion.png, text_errors.png). Per-text model outputs are cached in $USERSIM_CACHE/scores.sqlite
 (keyed by the exact scorer and the text), so the ground truth is encoded once across runs (--no-cache).
 
@@ -35,7 +36,7 @@ from data_prep.provenance import provenance
 from data_prep.tasks import read_groundtruth, read_targets, read_tasks
 from eval import plots
 from eval.backends import build_scorers
-from eval.predictions import PredictionError, align, read_predictions
+from eval.predictions import PredictionError, align, read_predictions, run_visibility
 from eval.scoring import ScoreCache, emotion_dict, score_pairs, summarise
 
 PACKAGES = [
@@ -112,6 +113,7 @@ def evaluate(args: argparse.Namespace) -> dict:
             "stars_out_of_range": len(out_of_range),
             "stars_out_of_range_task_ids": out_of_range,
         },
+        "visibility": run_visibility(args.predictions),
         "backend": args.backend,
         "scorers": scorers.info,
         "timing": {
@@ -166,13 +168,14 @@ def compare(paths: list[Path], names: list[str] | None, out: Path) -> str:
     names = names or [Path(p).parent.name for p in paths]
     if len(names) != len(results):
         sys.exit("error: --names needs one name per result file")
-    head = "| run | n | PE | RG | overall | sentiment err | emotion err | topic err | scorers |"
-    rows = [head, "|" + "---|" * 9]
+    head = "| run | n | PE | RG | overall | sentiment err | emotion err | topic err | visibility | scorers |"
+    rows = [head, "|" + "---|" * 10]
     for name, r in zip(names, results, strict=True):
         exact = "exact" if r["scorers"]["all_exact"] else "stand-in parts"
         rows.append(
             f"| {name} | {r['n']} | {r['preference_estimation']:.4f} | {r['review_generation']:.4f} | "
-            f"{r['overall']:.4f} | {r['sentiment_error']:.4f} | {r['emotion_error']:.4f} | {r['topic_error']:.4f} | {exact} |"
+            f"{r['overall']:.4f} | {r['sentiment_error']:.4f} | {r['emotion_error']:.4f} | {r['topic_error']:.4f} | "
+            f"{r.get('visibility', 'unknown')} | {exact} |"
         )
     table = "\n".join(rows)
     out.mkdir(parents=True, exist_ok=True)

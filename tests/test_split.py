@@ -87,6 +87,51 @@ def test_temporal_split(yelp, tmp_path):
     assert manifest["counts"]["tasks"] == manifest["counts"]["eligible"] > 0
 
 
+def test_temporal_history_counts_only_reviews_that_stay_visible(tmp_path):
+    """A user who reviewed an item before the cutoff and again after it: the earlier review belongs to
+    a pair that becomes a task, so the block set hides it; it is no history (a task with no visible
+    older review used to make agents.suite stop)."""
+
+    def review(rid, user, item, date, stars=4.0):
+        return {
+            "review_id": rid,
+            "user_id": user,
+            "business_id": item,
+            "stars": stars,
+            "text": f"{rid} text",
+            "date": date,
+        }
+
+    dump = tmp_path / "dump"
+    write_lines(
+        dump / "yelp_academic_dataset_review.json",
+        [
+            review(
+                "a1", "alice", "cafe", "2017-05-01 10:00:00"
+            ),  # before the cutoff, same item as her target
+            review("a2", "alice", "cafe", "2018-03-01 10:00:00"),  # her target
+            review("b1", "bob", "bar", "2017-06-01 10:00:00"),  # history on another item
+            review("b2", "bob", "cafe", "2018-04-01 10:00:00"),  # his target
+        ],
+    )
+    write_lines(
+        dump / "yelp_academic_dataset_business.json", [{"business_id": b, "name": b} for b in ("cafe", "bar")]
+    )
+    build.main(["--source", "yelp", "--input", str(dump), "--out", str(tmp_path / "data")])
+    manifest = make_split(
+        tmp_path / "data", tmp_path / "t", "--strategy", "temporal", "--cutoff", "2018-01-01"
+    )
+    assert manifest["counts"] == {
+        **manifest["counts"],
+        "candidates": 2,
+        "eligible": 1,
+        "too_little_history": 1,
+    }
+    assert task_pairs(tmp_path / "t") == [("bob", "cafe")]
+    store = ReviewStore.open(tmp_path / "data", tasks=tmp_path / "t")
+    assert [r["review_id"] for r in store.get_reviews(user_id="bob", before="2018-04-01")] == ["b1"]
+
+
 def test_import_official_takes_targets_from_the_store(yelp, tmp_path):
     official = tmp_path / "official"
     store = ReviewStore(yelp)

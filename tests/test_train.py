@@ -12,6 +12,7 @@ import yaml
 
 from data_prep import build, pairs, split
 from data_prep.paths import REPO_ROOT
+from data_prep.store import to_epoch
 from train import sft
 
 
@@ -81,7 +82,6 @@ def recipe(tmp_path, tiny_model, amazon_pairs, **overrides) -> Path:
         "bf16": False,
         "activation_checkpointing": False,
         "per_device_train_batch_size": 2,
-        "max_length": 256,
         "learning_rate": 3.0e-2,
         "max_steps": 12,
         "logging_steps": 1,
@@ -124,6 +124,7 @@ def test_training_sees_the_renderers_prompt_and_learns_only_completion_plus_eos(
     tmp_path, tiny_model, amazon_pairs
 ):
     trainer, tokenizer, *_ = sft.build_trainer(["--config", str(recipe(tmp_path, tiny_model, amazon_pairs))])
+    assert trainer.args.max_length == 256  # the pairs' budget (card.json), not TRL's default 1024
     source = [json.loads(line) for line in (amazon_pairs / "pairs" / "train.jsonl").open()]
     prepared = trainer.train_dataset
     assert len(prepared) == len(source)
@@ -137,9 +138,41 @@ def test_training_sees_the_renderers_prompt_and_learns_only_completion_plus_eos(
         assert tokenizer.decode(supervised) == row["completion"][0]["content"] + tokenizer.eos_token
 
 
-def test_an_example_without_supervised_tokens_is_an_error(tmp_path, tiny_model, amazon_pairs):
-    with pytest.raises(ValueError, match="no supervised token"):
+def test_max_length_comes_from_the_pairs_and_a_disagreeing_one_is_refused(tmp_path, tiny_model, amazon_pairs):
+    with pytest.raises(SystemExit, match="fitted to 256 tokens .* but max_length is 40"):
         sft.build_trainer(["--config", str(recipe(tmp_path, tiny_model, amazon_pairs, max_length=40))])
+    with pytest.raises(SystemExit, match="but max_length is 1024"):  # a flag is as explicit as the YAML
+        sft.build_trainer(
+            ["--config", str(recipe(tmp_path, tiny_model, amazon_pairs)), "--max_length", "1024"]
+        )
+
+
+def test_an_example_without_supervised_tokens_is_an_error(tiny_model, amazon_pairs):
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    from data_prep.prompt import render_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rows = load_from_disk(str(amazon_pairs / "pairs" / "dataset"))["train"]
+    texts = {"prompt": [render_prompt(tokenizer, rows[i]["prompt"]) for i in range(4)]}
+    sft.check_supervision(texts, tokenizer, 256)  # the pairs' own budget: fine
+    with pytest.raises(ValueError, match="no supervised token"):
+        sft.check_supervision(texts, tokenizer, 40)
+
+
+def test_a_resume_from_other_inputs_is_refused_naming_what_changed(tmp_path, tiny_model, amazon_pairs):
+    save = {"max_steps": 2, "save_strategy": "steps", "save_steps": 2}
+    sft.main(["--config", str(recipe(tmp_path, tiny_model, amazon_pairs, **save))])
+    out = tmp_path / "out"
+    assert (out / "checkpoint-2").is_dir() and (out / "fingerprint.json").exists()
+    other = recipe(tmp_path, tiny_model, amazon_pairs, **save, learning_rate=1e-3, lora_r=4)
+    with pytest.raises(SystemExit, match=r"changed: model\.lora_r, training\.learning_rate"):
+        sft.main(["--config", str(other)])
+    assert (out / "checkpoint-2").is_dir()  # nothing was lost
+    trainer = sft.main(["--config", str(other), "--overwrite", "true"])
+    assert trainer.state.global_step == 2 and json.loads((out / "adapter_config.json").read_text())["r"] == 4
+    assert json.loads((out / "fingerprint.json").read_text())["inputs"]["model"]["lora_r"] == 4
 
 
 def test_sft_smoke_loss_falls_lora_moves_base_stays_adapter_reloads(tmp_path, tiny_model, amazon_pairs):
@@ -180,6 +213,10 @@ def test_sft_smoke_loss_falls_lora_moves_base_stays_adapter_reloads(tmp_path, ti
     assert generated.shape[1] > prompt.shape[1]
     card = (out / "README.md").read_text()
     assert str(tiny_model) in card and '"rank": 8' in card and "git_commit" in card
+    trained_on = json.loads((out / "training_data.json").read_text())
+    rows = [json.loads(line) for line in (amazon_pairs / "pairs" / "train.jsonl").open()]
+    assert trained_on["train_review_ids"] == [r["review_id"] for r in rows]
+    assert trained_on["latest_target_ts"] == max(to_epoch(r["date"]) for r in rows)
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -361,7 +398,7 @@ def test_wandb_offline_run_with_stable_id_and_generation_table(
     )
     sft.main(["--config", str(config)])
     run_id = sft.stable_wandb_run_id(str(tmp_path / "out"))
-    assert run_id == sft.stable_wandb_run_id(str(tmp_path / "out"))  # the same on every restart
+    assert run_id != sft.stable_wandb_run_id(str(tmp_path / "other"))
     runs = list((tmp_path / "wandb").rglob(f"offline-run-*-{run_id}"))
     assert len(runs) == 1
     tables = list(runs[0].rglob("sample_generations*.table.json"))

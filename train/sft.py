@@ -9,14 +9,18 @@
     sbatch --nodes 2 slurm/train.sbatch configs/sft/qwen2.5-7b_qlora.yaml
 
 The recipe is a YAML file of TRL's SFTConfig and ModelConfig fields plus RecipeArguments below;
-command-line flags override it; unknown keys are an error. The loss is on the completion (stars and
-review) plus EOS only. Gradient accumulation is computed from ``global_batch_size``. A run resumes
-from the last complete checkpoint in output_dir by itself; an explicit ``--resume_from_checkpoint``
-that is missing or empty is an error.
+command-line flags override it; unknown keys are an error. ``max_length`` is not set in recipes: it is
+the token budget the pairs were fitted to (their card.json), so the two cannot disagree. The loss is
+on the completion (stars and review) plus EOS only. Gradient accumulation is computed from
+``global_batch_size``. A run resumes from the last complete checkpoint in output_dir by itself, but
+only when output_dir/fingerprint.json shows the same inputs (pairs, model, recipe, the settings that
+shape training); otherwise it stops naming what changed, unless ``--overwrite`` (which removes the
+earlier run). An explicit ``--resume_from_checkpoint`` that is missing or empty is an error.
 
 output_dir then holds the LoRA adapter, the tokenizer with its chat template, a generation config
 whose EOS is the chat template's end-of-turn token, loss.png and a README.md model card (base model
-and revision, the training data's card, the recipe, the git commit, the LoRA settings).
+and revision, the training data's card, the recipe, the git commit, the LoRA settings) and
+training_data.json (the pairs' review ids and latest target time).
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
+from data_prep import fingerprint
 from data_prep.offline_models import resolve_model
 from data_prep.prompt import parse_completion, render_prompt
 from data_prep.provenance import provenance
@@ -52,6 +58,10 @@ class RecipeArguments:
         default=4, metadata={"help": "validation examples generated at each evaluation"}
     )
     wandb_project: str = field(default="usersim")
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "discard checkpoints in output_dir that were made from other inputs"},
+    )
 
 
 def parse(argv: list[str] | None = None):
@@ -59,6 +69,99 @@ def parse(argv: list[str] | None = None):
 
     parser = TrlParser((RecipeArguments, SFTConfig, ModelConfig))
     return parser.parse_args_and_config(args=argv)  # unknown YAML keys raise ValueError
+
+
+def explicit_keys(argv: list[str] | None) -> set[str]:
+    """The settings a recipe YAML or a flag gives explicitly (not left at their defaults)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    keys = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    if "--config" in argv:
+        keys |= set(yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text()) or {})
+    return keys
+
+
+def pairs_card(recipe: RecipeArguments) -> dict:
+    path = Path(recipe.pairs) / "card.json"
+    if not path.exists():
+        raise SystemExit(f"error: {path} is missing: make the pairs with python -m data_prep.pairs")
+    return json.loads(path.read_text())
+
+
+def set_max_length(training_args, card: dict, recipe: RecipeArguments, explicit: bool) -> None:
+    """max_length comes from one place, the token budget the pairs were fitted to: a recipe or flag
+    that says otherwise is an error, not a silent cut."""
+    budget = card["options"]["max_tokens"]
+    if explicit and training_args.max_length != budget:
+        raise SystemExit(
+            f"error: the pairs in {recipe.pairs} were fitted to {budget} tokens (prompt + completion + EOS), "
+            f"but max_length is {training_args.max_length}. Leave max_length out (it is taken from the "
+            "pairs), or rebuild the pairs with python -m data_prep.pairs --max-tokens N"
+        )
+    training_args.max_length = budget
+
+
+# Training settings that shape the weights (with the model settings, the pairs and the recipe's
+# batch and data limits): a resume whose values differ would continue another run.
+TRAJECTORY_FIELDS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "warmup_ratio",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "optim",
+    "max_grad_norm",
+    "num_train_epochs",
+    "max_steps",
+    "seed",
+    "data_seed",
+    "bf16",
+    "fp16",
+    "max_length",
+    "packing",
+    "packing_strategy",
+    "padding_free",
+    "completion_only_loss",
+    "assistant_only_loss",
+    "loss_type",
+    "neftune_noise_alpha",
+)
+
+
+def run_inputs(recipe: RecipeArguments, training_args, model_args) -> dict:
+    """What a training run's result depends on (data_prep.fingerprint)."""
+    pairs = Path(recipe.pairs)
+    training = training_args.to_dict()
+    return {
+        "pairs": fingerprint.digest_files([pairs / "train.jsonl", pairs / "validation.jsonl"], pairs),
+        "recipe": {
+            k: getattr(recipe, k) for k in ("global_batch_size", "max_train_examples", "max_eval_examples")
+        },
+        "model": asdict(model_args),
+        "training": {k: training.get(k) for k in TRAJECTORY_FIELDS},
+    }
+
+
+def check_fingerprint(recipe: RecipeArguments, training_args, model_args) -> None:
+    """Refuse to resume from checkpoints made from other inputs (unless --overwrite, which removes
+    them). The main process checks (and writes) first; the others then find its record."""
+    from accelerate import PartialState
+
+    output_dir = Path(training_args.output_dir)
+    with PartialState().main_process_first():
+        has_work = output_dir.is_dir() and (
+            any(output_dir.glob("checkpoint-*")) or (output_dir / "adapter_model.safetensors").exists()
+        )
+        inputs = run_inputs(recipe, training_args, model_args)
+        keep = fingerprint.check(output_dir, inputs, overwrite=recipe.overwrite, has_work=has_work)
+        if not keep and PartialState().is_main_process:
+            for path in output_dir.iterdir():
+                if path.name != fingerprint.FILE:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+            print(f"--overwrite: removed the earlier run in {output_dir}")
 
 
 def gradient_accumulation(global_batch: int, per_device: int, world_size: int) -> int:
@@ -284,14 +387,42 @@ def write_card(output_dir: str, recipe, training_args, model_args, base: str, tr
     (Path(output_dir) / "README.md").write_text("\n".join(text) + "\n")
 
 
+def write_training_data(output_dir: str, recipe: RecipeArguments) -> None:
+    """training_data.json beside the adapter: the pairs it trained on (folder, hash), their review ids
+    (so a validation set can be kept disjoint from them) and the latest target time among them (so a
+    run can say which tasks the adapter's training data postdates)."""
+    from data_prep.schema import parse_iso
+
+    pairs = Path(recipe.pairs)
+    rows = [json.loads(line) for line in (pairs / "train.jsonl").read_text().splitlines() if line.strip()]
+    rows = rows[: recipe.max_train_examples] if recipe.max_train_examples else rows
+    record = {
+        "pairs": str(pairs),
+        "pairs_sha256": fingerprint.digest_files([pairs / "train.jsonl", pairs / "validation.jsonl"], pairs),
+        "train_examples": len(rows),
+        "latest_target_ts": max((parse_iso(r["date"]) for r in rows), default=None),
+        "train_review_ids": [r["review_id"] for r in rows],
+    }
+    (Path(output_dir) / "training_data.json").write_text(json.dumps(record))
+
+
 def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     """Everything up to training: configuration, data, model, trainer (checked). Returns
     (trainer, tokenizer, recipe, training_args, model_args, base, resume)."""
     # -- configuration ---------------------------------------------------------------------------------
     recipe, training_args, model_args = parse(argv)
+    card = pairs_card(recipe)
+    set_max_length(training_args, card, recipe, "max_length" in explicit_keys(argv))
+    if card.get("tokenizer") not in (model_args.model_name_or_path, None):
+        print(
+            f"warning: the pairs were fitted with the tokenizer of {card['tokenizer']}, this recipe trains "
+            f"{model_args.model_name_or_path}: token budgets may not hold",
+            file=sys.stderr,
+        )
     training_args.gradient_accumulation_steps = gradient_accumulation(
         recipe.global_batch_size, training_args.per_device_train_batch_size, training_args.world_size
     )
+    check_fingerprint(recipe, training_args, model_args)
     resume = resume_point(training_args.resume_from_checkpoint, training_args.output_dir)
     if "wandb" in (training_args.report_to or []):
         os.environ.setdefault("WANDB_PROJECT", recipe.wandb_project)
@@ -356,6 +487,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
         generation.pad_token_id = tokenizer.pad_token_id
         generation.save_pretrained(training_args.output_dir)
         write_card(training_args.output_dir, recipe, training_args, model_args, base, trainer)
+        write_training_data(training_args.output_dir, recipe)
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         if losses and not all(math.isfinite(x) for x in losses):
             print("warning: non-finite training loss; see training_card.json", file=sys.stderr)

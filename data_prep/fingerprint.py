@@ -1,0 +1,105 @@
+"""Run fingerprints: what a long run was started from, so that a resume never mixes old work with new.
+
+A run (agents.simulate, train.sft) writes ``fingerprint.json`` into its folder when it starts: the
+inputs that decide its results (its config, the adapter's files, the task folder's files, the store's
+build identity, the training pairs' files) as hashes or values, and the code version. A later run into
+the same folder compares: when an input differs it stops with a message naming what changed, unless
+it was told to ``--overwrite`` (then the caller discards the earlier work); a different code version
+only warns, because fixes to code that does not change results are common.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from data_prep.provenance import git_commit
+
+FILE = "fingerprint.json"
+
+
+def digest_files(paths: list[Path], root: Path | None = None) -> str:
+    """sha256 over the files' names (relative to root) and contents, in sorted order."""
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(str(path.relative_to(root) if root else path.name).encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def task_folder_digest(task_dir: str | Path) -> str:
+    """The tasks an agent reads: task files and targets.jsonl (not the ground truth, not the manifest,
+    whose provenance has a timestamp)."""
+    root = Path(task_dir)
+    files = [*root.glob("tasks/task_*.json"), *root.glob("targets.jsonl")]
+    if not files:
+        raise FileNotFoundError(f"no task files in {root}")
+    return digest_files(files, root)
+
+
+def adapter_digest(adapter: str | Path | None) -> str | None:
+    """The adapter's weights and config (what generation depends on); None without an adapter."""
+    if not adapter:
+        return None
+    root = Path(adapter)
+    files = [p for p in (root / "adapter_model.safetensors", root / "adapter_config.json") if p.exists()]
+    if not files:
+        raise FileNotFoundError(f"{root} holds no adapter_model.safetensors / adapter_config.json")
+    return digest_files(files, root)
+
+
+def differences(old, new, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two JSON-like values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += differences(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [] if old == new else [prefix or "(everything)"]
+
+
+def normalise(value):
+    """JSON round trip, so tuples and lists (and other JSON-equal values) compare equal."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def check(folder: Path, inputs: dict, *, overwrite: bool, has_work: bool) -> bool:
+    """Compare ``inputs`` with the fingerprint a run in ``folder`` started from, then record them.
+
+    Returns True when the earlier work may be kept (same inputs) and False when it must be discarded
+    (``overwrite`` with different inputs, or earlier work without a fingerprint). Raises SystemExit,
+    naming what changed, when the inputs differ and ``overwrite`` is not set."""
+    path = folder / FILE
+    inputs = normalise(inputs)
+    code = git_commit()
+    keep = True
+    if path.exists():
+        old = json.loads(path.read_text())
+        changed = differences(old["inputs"], inputs)
+        if changed and has_work:
+            if not overwrite:
+                raise SystemExit(
+                    f"error: {folder} holds a run started from other inputs; changed: {', '.join(changed)}. "
+                    "Use another output folder, or --overwrite to discard the earlier work"
+                )
+            keep = False
+        elif has_work and old.get("code") != code:
+            print(
+                f"warning: {folder} was started with code {old.get('code')}, this is {code}; continuing",
+                file=sys.stderr,
+            )
+    elif has_work:
+        if not overwrite:
+            raise SystemExit(
+                f"error: {folder} holds earlier work without a {FILE}, so its inputs are unknown. "
+                "Use another output folder, or --overwrite to discard it"
+            )
+        keep = False
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"inputs": inputs, "code": code}, indent=2))
+    return keep
