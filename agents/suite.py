@@ -7,9 +7,13 @@ For each agent config in configs/agents/ (stats, asc-baseline, retrieval-llm, tu
 into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline unless --backend official)
 into OUT/eval/KIND. The baselines (each user's previous review; the user's mean stars) are scored too.
 Writes OUT/compare.md and compare.png (eval.review --compare), OUT/agents.md (time per task, parse
-failures, retries, fallbacks, the star model chosen) and OUT/claims.md (tuned vs asc-baseline and vs
-retrieval-llm on overall, stats vs the user-mean baseline on PE: paired differences over the same tasks
-with 95% bootstrap intervals), and prints them.
+failures, retries, fallbacks, the star models used) and OUT/claims.md (paired differences over the same
+tasks with 95% BCa bootstrap intervals: tuned vs stats on review generation and overall, tuned vs the
+two base-model agents on overall, stats vs the user-mean baseline on PE), and prints them.
+
+``--visibility official`` runs every agent and baseline with the AgentSociety leaderboard's
+visibility (everything but the task pairs) instead of the default time-aware one; every table says
+which was used.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "agents"
 # (a, b, metric): the claims the suite checks, each as a paired difference over the same tasks
 CLAIMS = (
+    ("tuned", "stats", "review_generation"),
+    ("tuned", "stats", "overall"),
     ("tuned", "asc-baseline", "overall"),
     ("tuned", "retrieval-llm", "overall"),
     ("stats", "user-mean", "preference_estimation"),
@@ -41,19 +47,27 @@ def generation_args(batch_size: int = 16, max_new_tokens: int = 96) -> list[str]
 
 def agents_table(runs: dict[str, Path]) -> str:
     rows = [
-        "| agent | tasks | s/task | LLM answers | parse failures | retries (fixed) | fallbacks | cut at max tokens | star model |",
-        "|" + "---|" * 9,
+        "| agent | tasks | s/task | LLM answers | parse failures | retries (fixed) | fallbacks | cut at max tokens | stars from | visibility |",
+        "|" + "---|" * 10,
     ]
+    notes = []
     for name, run in runs.items():
         s = json.loads((run / "summary.json").read_text())
         c = s["counts"]
-        stars = s["star_model"]["chosen"] if name in ("stats", "tuned") else "the LLM's own"
+        used = sorted(s["star_models_used"].items(), key=lambda kv: -kv[1])
+        stars = ", ".join(f"{model} ({n})" for model, n in used[:2]) + (" ..." if len(used) > 2 else "")
         rows.append(
             f"| {name} | {s['predicted']}/{s['tasks']} | {s['seconds_per_task'] or 0:.2f} | {c['llm_answers']} | "
             f"{c['parse_failures']} | {c['retries']} ({c['retry_successes']}) | {c['fallbacks']} | "
-            f"{c.get('cut_short', 0)} | {stars} |"
+            f"{c['cut_short']} | {stars} | {s['visibility']} |"
         )
-    return "\n".join(rows)
+        trained = s.get("adapter_training_data")
+        if trained:
+            notes.append(
+                f"{name}: the adapter's training reviews reach {trained['latest_training_review']}; "
+                f"{trained['tasks_at_or_before_it']} of {trained['tasks']} tasks are at or before that moment"
+            )
+    return "\n".join(rows + ([""] + notes if notes else []))
 
 
 def per_task_terms(eval_dir: Path) -> dict[str, np.ndarray]:
@@ -65,7 +79,7 @@ def per_task_terms(eval_dir: Path) -> dict[str, np.ndarray]:
 
 def claims_table(eval_root: Path, names: list[str]) -> str:
     rows = [
-        "| claim | metric | difference | 95% CI (paired bootstrap) | resamples > 0 | n |",
+        "| claim | metric | difference | 95% CI (paired BCa bootstrap) | resamples > 0 | n |",
         "|" + "---|" * 6,
     ]
     for a, b, metric in CLAIMS:
@@ -92,6 +106,7 @@ def run_suite(
     kinds: tuple[str, ...] = KINDS,
     extra: list[str] | None = None,
     backend: str = "offline",
+    visibility: str = "time-aware",
 ) -> tuple[str, str, str]:
     if "tuned" in kinds and adapter is None:
         raise SystemExit("error: the tuned agent needs --adapter (a train.sft output folder)")
@@ -99,14 +114,26 @@ def run_suite(
     for kind in ("previous-review", "user-mean"):
         predictions = out / "baselines" / f"{kind}.jsonl"
         print(f"\n--- baseline {kind}")
-        baselines.main([kind, "--data", str(data), "--tasks", str(tasks), "--out", str(predictions)])
+        baselines.main(
+            [
+                kind,
+                "--data",
+                str(data),
+                "--tasks",
+                str(tasks),
+                "--out",
+                str(predictions),
+                "--visibility",
+                visibility,
+            ]
+        )
         scored[kind] = score(tasks, predictions, out / "eval" / kind, backend)
     runs = {}
     for kind in kinds:
         print(f"\n--- agent {kind} (configs/agents/{kind}.yaml)")
         run = out / "sim" / kind
         argv = ["--config", CONFIGS / f"{kind}.yaml", "--data", data, "--tasks", tasks, "--out", run]
-        args = [str(a) for a in argv]
+        args = [*map(str, argv), "--visibility", visibility]
         if kind != "stats":
             args += generation_args() if extra is None else extra
         if kind == "tuned":
@@ -134,11 +161,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adapter", type=Path, help="LoRA adapter for the tuned agent (train.sft output)")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--backend", choices=["offline", "official"], default="offline", help="evaluator")
+    parser.add_argument(
+        "--visibility",
+        choices=["time-aware", "official"],
+        default="time-aware",
+        help="time-aware: only reviews older than each target; official: everything but the task pairs",
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="LLM agents: tasks per batch")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="LLM agents: answer length cap")
     args = parser.parse_args(argv)
     extra = generation_args(args.batch_size, args.max_new_tokens)
-    run_suite(args.data, args.tasks, args.out, args.adapter, tuple(args.kinds), extra, args.backend)
+    run_suite(
+        args.data, args.tasks, args.out, args.adapter, tuple(args.kinds), extra, args.backend, args.visibility
+    )
 
 
 if __name__ == "__main__":

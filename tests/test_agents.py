@@ -1,5 +1,8 @@
+import hashlib
 import json
-import random
+import os
+import shutil
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -10,11 +13,13 @@ import yaml
 
 from agents import agent as agent_module
 from agents import simulate, suite
-from agents.agent import KINDS, AgentConfig, ReviewAgent
+from agents.agent import KINDS, AgentConfig, ReviewAgent, in_sample
 from agents.llm import LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
-from agents.stars import StarModel, Tables, candidates, split_visible
+from agents.stars import StarModel
+from data_prep.schema import format_utc
 from data_prep.store import ReviewStore, to_epoch
 from data_prep.tasks import read_targets, read_tasks
+from eval import baselines
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +29,10 @@ def yelp_tasks(yelp_store, tmp_path_factory, make_tasks):
 
 def tasks_with_dates(task_dir):
     targets = read_targets(task_dir)
-    return [{**t, "date": targets[t["task_id"]]["date"]} for t in read_tasks(task_dir)]
+    return [
+        {**t, "date": targets[t["task_id"]]["date"], "ts": targets[t["task_id"]]["ts"]}
+        for t in read_tasks(task_dir)
+    ]
 
 
 # -- the OpenAI-compatible backend against a real HTTP server on loopback ------------------------------
@@ -167,7 +175,7 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
     assert [p.cut_short for p in predictions] == [False] * 4 and agent.counts["cut_short"] == 0
     unusable = [[], ["I think it is good."], ["stars: nine\nreview: ", "still nothing"], []]
     assert [p.unusable for p in predictions] == unusable  # kept with their task, not lost
-    assert agent.counts == {
+    assert dict(agent.counts) == {
         "llm_answers": 4,
         "parse_failures": 2,
         "retries": 2,
@@ -175,6 +183,13 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
         "fallbacks": 1,
         "cut_short": 0,
     }
+    # each prediction carries its own share, so a run's counts can be summed from its lines
+    assert [dict(p.counts) for p in predictions] == [
+        {"llm_answers": 1, "parse_failures": 0, "cut_short": 0},
+        {"llm_answers": 1, "parse_failures": 1, "retries": 1, "retry_successes": 1, "cut_short": 0},
+        {"llm_answers": 1, "parse_failures": 1, "retries": 1, "fallbacks": 1, "cut_short": 0},
+        {"llm_answers": 1, "parse_failures": 0, "cut_short": 0},
+    ]
     assert "exactly two lines" in fake.calls[1][0][-1]["content"]  # the stricter instruction
 
 
@@ -194,49 +209,6 @@ def test_answers_cut_at_max_new_tokens_are_flagged_and_counted(yelp_store, yelp_
     assert [p.cut_short for p in predictions] == [True, False] and agent.counts["cut_short"] == 1
 
 
-def test_star_model_reports_every_candidate_and_beats_the_user_mean(yelp_store, yelp_tasks):
-    store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
-    agent = ReviewAgent(AgentConfig(kind="stats", retrieval="bm25"), None, store)
-    report = agent.stars.report
-    scores = report["candidates_pe"]
-    assert report["chosen"] == max(scores, key=scores.get) and len(scores) >= 10
-    assert scores[report["chosen"]] >= scores["user_mean_shrink0"]
-
-
-def test_star_tables_match_hand_computed_values():
-    # an additive grid: stars = 3 + b_user + b_item with b_user = (-1, 0, 1), b_item = (0.5, -0.5)
-    ratings = [
-        (f"r{u}{i}", f"u{u}", f"i{i}", 10 * u + i, 3 + bu + bi)
-        for u, bu in enumerate((-1, 0, 1))
-        for i, bi in enumerate((0.5, -0.5))
-    ]
-    tables = Tables(ratings, lambdas=(0.0,))
-    model = candidates(tables)
-    u, i = tables.indices(["u0", "u2", "new"], ["i1", "i0", "i0"])
-    assert model["bias_lambda0"](u, i) == pytest.approx([1.5, 4.5, 3.5])  # exact: the data is additive
-    assert model["user_mean_shrink0"](u, i) == pytest.approx([2.0, 4.0, 3.0])  # unseen user: the mean
-    assert model["user_mean_shrink10"](u, i)[0] == pytest.approx((4.0 + 10 * 3.0) / 12)
-    assert model["user_median"](u, i)[0] == 2.0 and model["global_mean_rounded"](u, i).tolist() == [3, 3, 3]
-    train, validation = split_visible([*ratings, ("solo", "u9", "i0", 0, 5.0)])
-    assert [r[0] for r in validation] == ["r01", "r11", "r21"]  # each user's latest; u9 has one review
-    assert len(train) == 4 and ("solo", "u9", "i0", 0, 5.0) in train
-
-
-def test_star_model_blends_with_llm_stars_only_when_validation_says_so(yelp_store, yelp_tasks):
-    visible = ReviewStore.open(yelp_store, tasks=yelp_tasks).visible_ratings()
-    validation = StarModel().fit(visible).validation
-    oracle = {r[0]: r[4] for r in validation[::2]}  # an LLM that knows half the answers
-    model = StarModel().fit(visible, llm_validation=oracle)
-    scores = model.report["candidates_pe"]
-    assert model.name.startswith("blend_0_") and scores[model.name] == 1.0
-    assert model.blend_weight == 0.0 and model.report["llm_validation_stars"] == len(oracle)
-    assert model.predict("any user", "any item", llm_stars=2.0) == 2.0
-    liar = {r[0]: 6 - r[4] for r in validation}  # always wrong: no blend
-    model = StarModel().fit(visible, llm_validation=liar)
-    assert model.blend_weight is None and not model.name.startswith("blend")
-    assert model.predict("u", "i", llm_stars=1.0) == model.predict("u", "i")
-
-
 class ConstantLLM:
     def __init__(self):
         self.calls = []
@@ -247,47 +219,89 @@ class ConstantLLM:
         return ["stars: 5\nreview: Fine." for _ in conversations]
 
 
-def test_tuned_agent_asks_the_llm_for_validation_stars_to_fit_the_blend(yelp_store, yelp_tasks, monkeypatch):
+def test_tuned_agent_asks_for_validation_stars_only_on_reviews_its_adapter_did_not_train_on(
+    yelp_store, yelp_tasks, monkeypatch, tmp_path
+):
     fake = ConstantLLM()
     monkeypatch.setattr(agent_module, "load_llm", lambda config: fake)
     store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
-    config = AgentConfig(kind="tuned", retrieval="bm25", blend_validation=10, batch_size=4)
-    agent = ReviewAgent(config, LLMConfig(), store)
-    report = agent.stars.report
-    assert report["llm_validation_asked"] == 10 and report["llm_validation_stars"] == 10
-    assert any(name.startswith("blend_0.5_") for name in report["candidates_pe"])
-    assert [len(c) for c in fake.calls] == [4, 4, 2] and agent.counts["llm_answers"] == 0
-    asked = random.Random(config.seed).sample(agent.stars.validation, 10)  # the agent's sample
-    targets = {row["review_id"] for row in read_targets(yelp_tasks).values()}
-    assert not {r[0] for r in asked} & targets  # carved from visible reviews, never the tasks
+    validation = StarModel(store.visible_ratings()).validation
+    trained = [r[0] for r in validation[::2]]  # the adapter trained on every other validation review
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "training_data.json").write_text(
+        json.dumps({"train_review_ids": trained, "latest_target_ts": 0})
+    )
+    config = AgentConfig(kind="tuned", retrieval="bm25", blend_fraction=0.02, batch_size=4)
+    agent = ReviewAgent(config, LLMConfig(adapter=str(adapter)), store)
+    asked_ids = [r[0] for r in validation if r[0] not in set(trained) and in_sample(r[0], 0.02, config.seed)]
+    report = agent.stars.report["llm_validation"]
+    assert report == {
+        "validation_reviews": len(validation),
+        "not_in_adapter_training": len(validation) - len(trained),
+        "asked": len(asked_ids),
+    }
+    assert 5 <= len(asked_ids) <= 60 and agent.stars.report["llm_validation_stars"] == len(asked_ids)
     conversations = [c for call in fake.calls for c in call]
-    shown = 0
-    for (review_id, user, item, ts, _), conversation in zip(asked, conversations, strict=True):
-        # each validation review is asked like a task: older reviews are shown, never its own text
+    assert len(conversations) == len(asked_ids) and sum(agent.counts.values()) == 0  # not task answers
+    targets = {row["review_id"] for row in read_targets(yelp_tasks).values()}
+    by_id = {r[0]: r for r in validation}
+    for review_id, conversation in zip(asked_ids, conversations, strict=True):
+        assert review_id not in targets and review_id not in trained
+        # each validation review is asked like a time-aware task: never its own text, nothing newer
+        _, user, item, ts, _ = by_id[review_id]
         prompt = conversation[-1]["content"]
         assert store.get_reviews(review_id=review_id)[0]["text"].strip()[:80] not in prompt
-        ctx = agent.context({"task_id": 0, "user_id": user, "item_id": item, "date": ts})
-        assert all(to_epoch(r["date"]) < ts for r in ctx["user_reviews"])
-        shown += sum(r["text"].strip()[:80] in prompt for r in ctx["user_reviews"])
-    assert shown >= 10
+        ctx = agent.context({"task_id": 0, "user_id": user, "item_id": item, "ts": ts, "validation": True})
+        assert all(to_epoch(r["date"]) < ts for r in ctx["user_reviews"] + ctx["item_reviews"])
+    # an adapter without the record of its training data cannot be blended: refused, not guessed
+    (adapter / "training_data.json").unlink()
+    with pytest.raises(SystemExit, match="training_data.json is missing"):
+        ReviewAgent(config, LLMConfig(adapter=str(adapter)), store)
+    with pytest.raises(SystemExit, match="more than blend_max 3"):
+        (adapter / "training_data.json").write_text(json.dumps({"train_review_ids": []}))
+        ReviewAgent(
+            AgentConfig(kind="tuned", retrieval="bm25", blend_fraction=0.5, blend_max=3),
+            LLMConfig(adapter=str(adapter)),
+            store,
+        )
 
 
 # -- the runner ----------------------------------------------------------------------------------------
 
 
+class ScriptedLLM:
+    """Answers that depend only on the conversation (so batching and resuming change nothing): about a
+    third unusable at first, fixed by the stricter retry; a quarter flagged as cut short."""
+
+    def __init__(self, kill_at_call: int | None = None):
+        self.calls, self.kill_at_call = 0, kill_at_call
+
+    def generate(self, conversations, sampling):
+        self.calls += 1
+        if self.calls == self.kill_at_call:
+            raise KeyboardInterrupt  # as if the job were killed mid-batch
+        out, self.cut_short = [], []
+        for conversation in conversations:
+            h = int(hashlib.sha256(json.dumps(conversation).encode()).hexdigest(), 16)
+            if conversation[-1]["content"] == agent_module.STRICT:
+                out.append(f"stars: {1 + h % 5}\nreview: retried {h % 997}")
+            else:
+                out.append("no format" if h % 3 == 0 else f"stars: {1 + h % 5}\nreview: echo {h % 1009}")
+            self.cut_short.append(h % 4 == 0)
+        return out
+
+
+def simulate_argv(config_text: str, tmp_path, store, tasks, out, *extra) -> list[str]:
+    config = tmp_path / "agent.yaml"
+    config.write_text(config_text)
+    return ["--config", str(config), "--data", str(store), "--tasks", str(tasks), "--out", str(out), *extra]
+
+
 def test_a_killed_run_resumes_without_duplicates(yelp_store, yelp_tasks, tmp_path):
-    config = tmp_path / "stats.yaml"
-    config.write_text("kind: stats\nretrieval: bm25\nbatch_size: 4\n")
-    base = [
-        "--config",
-        str(config),
-        "--data",
-        str(yelp_store),
-        "--tasks",
-        str(yelp_tasks),
-        "--out",
-        str(tmp_path / "run"),
-    ]
+    base = simulate_argv(
+        "kind: stats\nretrieval: bm25\nbatch_size: 4\n", tmp_path, yelp_store, yelp_tasks, tmp_path / "run"
+    )
     simulate.main([*base, "--limit", "8"])
     path = tmp_path / "run" / "predictions.jsonl"
     with open(path, "a") as f:  # killed in the middle of writing a line
@@ -297,8 +311,135 @@ def test_a_killed_run_resumes_without_duplicates(yelp_store, yelp_tasks, tmp_pat
     ids = [r["task_id"] for r in rows]
     assert sorted(ids) == list(range(20)) and len(ids) == len(set(ids))
     assert summary["ran_now"] == 12 and summary["predicted"] == 20 and summary["errors"] == 0
+    assert summary["invocations"] == 2 and summary["visibility"] == "time-aware"
+    tasks = {t["task_id"]: t for t in read_tasks(yelp_tasks)}
+    assert all(
+        (r["user_id"], r["item_id"]) == (tasks[r["task_id"]]["user_id"], tasks[r["task_id"]]["item_id"])
+        for r in rows
+    )
     official = json.loads((tmp_path / "run" / "output.json").read_text())
     assert len(official) == 20 and all(o["output"]["review"] for o in official)
+
+
+def test_a_killed_and_resumed_run_reports_the_counts_of_an_uninterrupted_one(
+    yelp_store, yelp_tasks, tmp_path, monkeypatch
+):
+    text = "kind: retrieval-llm\nretrieval: bm25\nbatch_size: 4\n"
+    llm = ScriptedLLM()
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: llm)
+    whole = simulate.main(simulate_argv(text, tmp_path, yelp_store, yelp_tasks, tmp_path / "whole"))
+    assert whole["counts"]["parse_failures"] > 0 and whole["counts"]["cut_short"] > 0
+    argv = simulate_argv(text, tmp_path, yelp_store, yelp_tasks, tmp_path / "cut")
+    llm = ScriptedLLM(kill_at_call=5)  # dies in the third batch (each batch: a first pass and a retry)
+    with pytest.raises(KeyboardInterrupt):
+        simulate.main(argv)
+    assert 0 < len((tmp_path / "cut" / "predictions.jsonl").read_text().splitlines()) < 20
+    llm = ScriptedLLM()
+    resumed = simulate.main(argv)
+    assert resumed["invocations"] == 2 and 0 < resumed["ran_now"] < 20
+    for key in ("predicted", "errors", "counts", "answers_by_source", "star_models_used"):
+        assert resumed[key] == whole[key], key
+    # a rerun with nothing left to do loads no model and changes no count
+    monkeypatch.setattr(simulate, "ReviewAgent", None)  # calling it would fail
+    again = simulate.main(argv)
+    assert again["ran_now"] == 0 and again["counts"] == whole["counts"]
+
+
+def test_a_run_refuses_to_resume_from_other_inputs(yelp_store, yelp_tasks, tmp_path, make_tasks, monkeypatch):
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: ScriptedLLM())
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v1")
+    text = "kind: tuned\nretrieval: bm25\nbatch_size: 8\n"
+    argv = simulate_argv(text, tmp_path, yelp_store, yelp_tasks, tmp_path / "run", "--adapter", str(adapter))
+    simulate.main([*argv, "--limit", "8"])
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v2")  # retrained
+    with pytest.raises(SystemExit, match="changed: adapter"):
+        simulate.main(argv)
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights v1")
+    other_tasks = make_tasks(yelp_store, tmp_path / "other_tasks", n=20, seed=5)
+    moved = simulate_argv(
+        text, tmp_path, yelp_store, other_tasks, tmp_path / "run", "--adapter", str(adapter)
+    )
+    with pytest.raises(SystemExit, match="changed: tasks"):
+        simulate.main(moved)
+    with pytest.raises(SystemExit, match=r"changed: agent\.k_user"):
+        simulate.main([*argv, "--k_user", "2"])
+    assert len((tmp_path / "run" / "predictions.jsonl").read_text().splitlines()) == 8  # nothing lost
+    simulate.main([*argv, "--batch_size", "3"])  # how fast it runs is not an input: resumes
+    summary = simulate.main([*moved, "--overwrite", "true"])
+    assert summary["ran_now"] == 20 and summary["invocations"] == 1  # the earlier work was discarded
+
+
+@pytest.fixture(scope="module")
+def flooded_store(raw, yelp_tasks, tmp_path_factory):
+    """The Yelp sample plus, after the latest task's moment, a flood: every task's item gets 15 one-star
+    reviews from new users, and every task's user writes 5 one-star reviews of new items."""
+    from data_prep import build
+
+    dump = tmp_path_factory.mktemp("flood_dump")
+    for name in ("user_subset.json", "item_subset.json", "review_subset.json"):
+        shutil.copy(raw / "yelp_asc_sample" / name, dump / name)
+    later = max(t["ts"] for t in read_targets(yelp_tasks).values()) + 86_400
+    flood = []
+    for task in read_tasks(yelp_tasks):
+        k = task["task_id"]
+        for n in range(15):
+            flood.append((f"flood-item-{k}-{n}", f"flooder-{k}-{n}", task["item_id"], later + 60 * n))
+        for n in range(5):
+            flood.append((f"flood-user-{k}-{n}", task["user_id"], f"new-item-{k}-{n}", later + 60 * n))
+    with open(dump / "review_subset.json", "a") as f:
+        for review_id, user, item, ts in flood:
+            date = format_utc(ts)
+            f.write(
+                json.dumps(
+                    {
+                        "review_id": review_id,
+                        "user_id": user,
+                        "item_id": item,
+                        "stars": 1.0,
+                        "text": f"Terrible, never again. {review_id}",
+                        "date": date,
+                    }
+                )
+                + "\n"
+            )
+    out = tmp_path_factory.mktemp("flood_store")
+    build.main(["--source", "asc", "--platform", "yelp", "--input", str(dump), "--out", str(out)])
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_flood_of_later_one_star_reviews_changes_no_prediction(
+    kind, yelp_store, flooded_store, yelp_tasks, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: ScriptedLLM())
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "training_data.json").write_text(json.dumps({"train_review_ids": [], "latest_target_ts": 0}))
+    config = AgentConfig(kind=kind, retrieval="bm25", blend_fraction=0.03 if kind == "tuned" else 0.0)
+    tasks = tasks_with_dates(yelp_tasks)
+    runs = {}
+    for name, data in (("plain", yelp_store), ("flooded", flooded_store)):
+        for visibility in ("time-aware", "official"):
+            config.visibility = visibility
+            store = ReviewStore.open(data, tasks=yelp_tasks)
+            agent = ReviewAgent(config, LLMConfig(adapter=str(adapter)), store)
+            runs[name, visibility] = [(p.stars, p.review, p.star_model) for p in agent.predict(tasks)]
+    assert runs["plain", "time-aware"] == runs["flooded", "time-aware"]
+    # the same check has teeth: with the official visibility the flood is seen
+    assert runs["plain", "official"] != runs["flooded", "official"]
+
+
+@pytest.mark.parametrize("kind", ["previous-review", "user-mean"])
+def test_a_flood_of_later_one_star_reviews_changes_no_baseline(kind, yelp_store, flooded_store, yelp_tasks):
+    assert baselines.from_history(yelp_store, yelp_tasks, kind) == baselines.from_history(
+        flooded_store, yelp_tasks, kind
+    )
+    assert baselines.from_history(yelp_store, yelp_tasks, kind, "official") != baselines.from_history(
+        flooded_store, yelp_tasks, kind, "official"
+    )
 
 
 def test_shards_cover_every_task_once_and_merge(yelp_store, yelp_tasks, tmp_path):
@@ -328,6 +469,51 @@ def test_simulate_slurm_dry_run_prints_shard_and_merge():
     assert "agents.simulate --config configs/agents/tuned_qwen7b_vllm.yaml --data d --tasks t" in shard
     assert "--shard 0/8" in shard and "--out runs/sim/tuned_qwen7b_vllm/shard_0" in shard
     assert "--tasks t --merge runs/sim/tuned_qwen7b_vllm/shard_" in merge
+
+
+def test_simulate_slurm_array_merges_once_per_array_and_again_for_a_new_one(yelp_store, yelp_tasks, tmp_path):
+    """The script as a job array would run it (no Slurm needed: it reads the array variables): the last
+    shard to finish merges exactly shards 0..N-1; a later array into the same folder merges again."""
+    import subprocess
+
+    repo = Path(__file__).parents[1]
+    config = tmp_path / "stats.yaml"
+    config.write_text("kind: stats\nretrieval: bm25\n")
+    run_dir = tmp_path / "run"
+
+    def shard(array_job: int, index: int) -> str:
+        env = {
+            **os.environ,
+            "RUN_DIR": str(run_dir),
+            "VENV": str(Path(sys.executable).parents[1]),
+            "SLURM_ARRAY_JOB_ID": str(array_job),
+            "SLURM_ARRAY_TASK_ID": str(index),
+            "SLURM_ARRAY_TASK_COUNT": "2",
+        }
+        command = ["bash", "slurm/simulate.sbatch", str(config), str(yelp_store), str(yelp_tasks)]
+        return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, check=True).stdout
+
+    assert "merged" not in shard(100, 0)
+    assert "merged 20 predictions from 2 shards" in shard(100, 1)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["shards"] == 2 and summary["predicted"] == 20 and summary["missing"] == []
+    (run_dir / "predictions.jsonl").unlink()
+    shard(101, 1)
+    assert "merged 20 predictions from 2 shards" in shard(101, 0)  # not blocked by array 100's marker
+    assert len((run_dir / "predictions.jsonl").read_text().splitlines()) == 20
+
+
+def test_slurm_log_folders_are_part_of_the_checkout():
+    """Slurm opens --output/--error before the job's first line runs: their folder must already exist."""
+    import re
+    import subprocess
+
+    repo = Path(__file__).parents[1]
+    tracked = subprocess.run(["git", "ls-files", "slurm"], cwd=repo, capture_output=True, text=True).stdout
+    for script in sorted((repo / "slurm").glob("*.sbatch")):
+        for path in re.findall(r"^#SBATCH --(?:output|error)=(\S+)", script.read_text(), flags=re.MULTILINE):
+            folder = str(Path(path).parent)
+            assert (repo / folder).is_dir() and f"{folder}/.gitignore" in tracked, (script.name, path)
 
 
 def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model, monkeypatch):
