@@ -7,9 +7,14 @@ Kinds (all runnable by config, see configs/agents/):
 - ``retrieval-llm``: the base model with our retrieval prompt (k user + k item reviews), LLM stars.
 - ``tuned``: a LoRA adapter (train.sft) with the retrieval prompt and the calibrated stars.
 
-Every answer is parsed (data_prep.prompt.parse_completion). An unusable one (no stars, stars outside
-1-5, no review) is asked again once with a stricter instruction; if still unusable, a retrieval-based
+Every answer is parsed (data_prep.prompt.parse_completion); with ``constrained: true`` the backend makes
+every answer follow the format (agents.llm.Constraint). An unusable one (no stars, stars outside 1-5,
+no review) is asked again once with a stricter instruction; if still unusable, a retrieval-based
 fallback answers. A prediction never has an empty review. Retries and fallbacks are counted.
+
+``visibility: time-aware`` (the default): everything a prediction uses (retrieval, the calibrated stars
+and their choice, the baselines' history) is strictly older than the task's target.
+``visibility: official``: everything but the task pairs, as on the AgentSociety leaderboard.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from agents.llm import LLMConfig, Sampling, load_llm
+from agents.llm import Constraint, LLMConfig, Sampling, load_llm
 from agents.retrieval import Retriever
 from agents.stars import StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
@@ -54,6 +59,14 @@ class AgentConfig:
         default=768, metadata={"help": "prompt budget; oldest shown reviews dropped first"}
     )
     max_new_tokens: int = 160
+    constrained: bool = field(
+        default=False,
+        metadata={
+            "help": "constrained decoding: every answer follows the answer format (hf: a grammar, vllm: "
+            "structured outputs, openai: a JSON schema); the review is at most max_review_chars long"
+        },
+    )
+    max_review_chars: int = 400
     temperature: float = 0.0
     seed: int = 0
     batch_size: int = 8
@@ -293,8 +306,9 @@ class ReviewAgent:
         """The LLM's answer for each context; an unusable one is asked once more, stricter. Each answer
         carries its own counts (answers, parse failures, retries, retry successes)."""
         sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
+        constraint = Constraint.answer(self.config.max_review_chars) if self.config.constrained else None
         conversations = [self.messages(c) for c in contexts]
-        texts = self.llm.generate(conversations, sampling)
+        texts = self.llm.generate(conversations, sampling, constraint=constraint)
         answers = []
         for text, cut in zip(texts, self.llm.cut_short, strict=True):
             stars, review = parse_completion(text)
@@ -309,7 +323,7 @@ class ReviewAgent:
                 + [{"role": "assistant", "content": answers[i].text}, {"role": "user", "content": STRICT}]
                 for i in bad
             ]
-            again = self.llm.generate(retry, sampling)
+            again = self.llm.generate(retry, sampling, constraint=constraint)
             for i, text, cut in zip(bad, again, self.llm.cut_short, strict=True):
                 answer = answers[i]
                 answer.counts["retries"] += 1

@@ -2,6 +2,20 @@
 After each ``generate`` call, ``cut_short[i]`` says whether answer i stopped at ``max_new_tokens``
 rather than at its end (so a truncated review is counted, never silent).
 
+**Structured outputs.** ``generate(..., constraint=...)`` makes every answer follow a ``Constraint``:
+
+- ``Constraint.answer(n)``: the renderer's answer format (``stars: S`` with S in 1-5, a newline,
+  ``review: `` and 1 to n characters without a newline, then the end), so training and inference keep
+  one format and a looping small model still closes its review;
+- ``Constraint.json(schema)``: a JSON schema;
+- ``Constraint.choice(options)``: exactly one of fixed strings.
+
+``hf`` enforces them with xgrammar (a logits processor over transformers' ``generate``; why xgrammar:
+README), ``vllm`` with its own structured outputs, ``openai`` with ``response_format`` (a JSON schema:
+the answer format is asked as {"stars", "review"} and written back as the two lines). A server that
+refuses ``response_format`` is asked without it from then on, and the answers are parsed (and retried)
+as before; ``structured_fallbacks`` counts those requests.
+
 - ``hf``: transformers (+ an optional PEFT adapter), batched left-padded generation, greedy when
   temperature is 0;
 - ``vllm``: vLLM's offline engine, with a LoRA request when an adapter is given (``max_lora_rank`` read
@@ -14,12 +28,82 @@ rather than at its end (so a truncated review is counted, never silent).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep.offline_models import resolve_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What every answer must look like; see the module docstring."""
+
+    kind: str  # answer | json | choice
+    max_chars: int = 400
+    schema: str | None = None  # json: the schema as JSON text (hashable)
+    options: tuple[str, ...] = ()
+
+    @staticmethod
+    def answer(max_chars: int = 400) -> Constraint:
+        if max_chars < 1:
+            raise ValueError("the review needs room for at least one character")
+        return Constraint("answer", max_chars=max_chars)
+
+    @staticmethod
+    def json(schema: dict) -> Constraint:
+        return Constraint("json", schema=json.dumps(schema, sort_keys=True))
+
+    @staticmethod
+    def choice(options: list[str]) -> Constraint:
+        if not options:
+            raise ValueError("a choice needs options")
+        return Constraint("choice", options=tuple(options))
+
+    def ebnf(self) -> str:
+        """The grammar (xgrammar / vLLM EBNF) of an answer or a choice."""
+        if self.kind == "answer":
+            return f'root ::= "stars: " [1-5] "\\nreview: " [^\\n]{{1,{self.max_chars}}}'
+        if self.kind == "choice":
+            return "root ::= " + " | ".join(json.dumps(option) for option in self.options)
+        raise ValueError(f"a {self.kind} constraint has no EBNF grammar")
+
+    def json_schema(self) -> dict:
+        """The JSON schema a backend that only offers JSON is asked for."""
+        if self.kind == "json":
+            return json.loads(self.schema)
+        if self.kind == "answer":
+            properties = {
+                "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+                "review": {"type": "string", "minLength": 1, "maxLength": self.max_chars},
+            }
+            required = ["stars", "review"]
+        else:
+            properties, required = {"choice": {"type": "string", "enum": list(self.options)}}, ["choice"]
+        return {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,
+        }
+
+    def from_json(self, text: str) -> str:
+        """A JSON answer written back as this constraint's text (unparsable JSON is returned as is)."""
+        if self.kind == "json":
+            return text
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return text
+        if not isinstance(value, dict):
+            return text
+        if self.kind == "answer":
+            return f"stars: {value.get('stars')}\nreview: {value.get('review')}"
+        return str(value.get("choice"))
 
 
 @dataclass
@@ -69,8 +153,30 @@ class HFBackend:
         self.model = model.to(device).eval()
         self.batch_size = config.generation_batch_size
         self.info = {"backend": "hf", "model": config.model, "adapter": config.adapter, "device": device}
+        self._compiler, self._grammars = None, {}
 
-    def generate(self, conversations: list[list[dict]], sampling: Sampling) -> list[str]:
+    def _grammar(self, constraint: Constraint):
+        """The constraint compiled for this tokenizer (once per constraint)."""
+        import xgrammar as xgr
+
+        if self._compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer,
+                vocab_size=self.model.config.vocab_size,
+                stop_token_ids=[self.tokenizer.eos_token_id],
+            )
+            self._compiler = xgr.GrammarCompiler(info)
+        if constraint not in self._grammars:
+            if constraint.kind == "json":
+                compiled = self._compiler.compile_json_schema(constraint.schema, any_whitespace=False)
+            else:
+                compiled = self._compiler.compile_grammar(constraint.ebnf())
+            self._grammars[constraint] = compiled
+        return self._grammars[constraint]
+
+    def generate(
+        self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
+    ) -> list[str]:
         import torch
 
         torch.manual_seed(sampling.seed)
@@ -91,6 +197,12 @@ class HFBackend:
             kwargs = {"do_sample": sampling.temperature > 0}
             if sampling.temperature > 0:
                 kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
+            if constraint is not None:  # a fresh processor per generate call (it keeps per-row state)
+                import xgrammar as xgr
+                from transformers import LogitsProcessorList
+
+                processor = xgr.contrib.hf.LogitsProcessor(self._grammar(constraint))
+                kwargs["logits_processor"] = LogitsProcessorList([processor])
             with torch.no_grad():
                 generated = self.model.generate(
                     **batch,
@@ -135,14 +247,28 @@ class VLLMBackend:
         )
         self.info = {"backend": "vllm", "model": config.model, "adapter": config.adapter}
 
-    def generate(self, conversations: list[list[dict]], sampling: Sampling) -> list[str]:
+    def generate(
+        self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
+    ) -> list[str]:
         from vllm import SamplingParams
 
+        extra = {}
+        if constraint is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            if constraint.kind == "json":
+                structured = StructuredOutputsParams(json=constraint.json_schema())
+            elif constraint.kind == "choice":
+                structured = StructuredOutputsParams(choice=list(constraint.options))
+            else:
+                structured = StructuredOutputsParams(grammar=constraint.ebnf())
+            extra["structured_outputs"] = structured
         params = SamplingParams(
             max_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             seed=sampling.seed,
+            **extra,
         )
         outputs = self.engine.chat(conversations, params, lora_request=self.lora, use_tqdm=False)
         self.cut_short = [o.outputs[0].finish_reason == "length" for o in outputs]
@@ -161,22 +287,44 @@ class OpenAIBackend:
         )
         self.model, self.concurrency = config.model, config.concurrency
         self.info = {"backend": "openai", "model": config.model, "base_url": config.base_url}  # never the key
+        self.structured = True  # until the server refuses response_format
+        self.structured_fallbacks = 0
 
-    def _one(self, conversation: list[dict], sampling: Sampling) -> tuple[str, bool]:
-        response = self.client.chat.completions.create(
-            model=self.model,
-            messages=conversation,
-            max_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-        )
+    def _one(
+        self, conversation: list[dict], sampling: Sampling, constraint: Constraint | None
+    ) -> tuple[str, bool]:
+        from openai import BadRequestError
+
+        request = {
+            "model": self.model,
+            "messages": conversation,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+        }
+        if constraint is not None and self.structured:
+            schema = {"name": f"{constraint.kind}_answer", "schema": constraint.json_schema(), "strict": True}
+            try:
+                response = self.client.chat.completions.create(
+                    **request, response_format={"type": "json_schema", "json_schema": schema}
+                )
+                choice = response.choices[0]
+                return constraint.from_json(choice.message.content or ""), choice.finish_reason == "length"
+            except BadRequestError as err:  # the server has no structured outputs: parse and retry instead
+                self.structured = False
+                log.warning("the server refused response_format (%s); answers are parsed and retried", err)
+        if constraint is not None:
+            self.structured_fallbacks += 1
+        response = self.client.chat.completions.create(**request)
         choice = response.choices[0]
         return choice.message.content or "", choice.finish_reason == "length"
 
-    def generate(self, conversations: list[list[dict]], sampling: Sampling) -> list[str]:
+    def generate(
+        self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
+    ) -> list[str]:
         with ThreadPoolExecutor(self.concurrency) as pool:
-            answers = list(pool.map(lambda c: self._one(c, sampling), conversations))
+            answers = list(pool.map(lambda c: self._one(c, sampling, constraint), conversations))
         self.cut_short = [cut for _, cut in answers]
         return [text for text, _ in answers]
 

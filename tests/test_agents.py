@@ -14,7 +14,7 @@ import yaml
 from agents import agent as agent_module
 from agents import simulate, suite
 from agents.agent import KINDS, AgentConfig, ReviewAgent, in_sample
-from agents.llm import LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
+from agents.llm import Constraint, LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
 from agents.stars import StarModel
 from data_prep.schema import format_utc
 from data_prep.store import ReviewStore, to_epoch
@@ -41,14 +41,19 @@ def tasks_with_dates(task_dir):
 class Scripted(BaseHTTPRequestHandler):
     script: list[str] = []  # per request: "429", "500", "slow" or "ok"
     seen: list[str] = []
+    bodies: list[dict] = []
+    structured = True  # False: the server answers 400 to response_format, like one without the feature
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Scripted.seen.append(self.headers.get("Authorization", ""))
+        Scripted.bodies.append(body)
         action = Scripted.script.pop(0) if Scripted.script else "ok"  # or "long": cut at max_tokens
         if action == "slow":
             time.sleep(1.5)
-        if action in ("429", "500"):
+        if "response_format" in body and not Scripted.structured:
+            action = "400"
+        if action in ("400", "429", "500"):
             self.send_response(int(action))
             self.send_header("Content-Type", "application/json")
             self.send_header("Retry-After", "0")
@@ -66,7 +71,9 @@ class Scripted(BaseHTTPRequestHandler):
                     "finish_reason": "length" if action == "long" else "stop",
                     "message": {
                         "role": "assistant",
-                        "content": "stars: 4\nreview: " + body["messages"][-1]["content"],
+                        "content": json.dumps({"stars": 4, "review": body["messages"][-1]["content"]})
+                        if "response_format" in body
+                        else "stars: 4\nreview: " + body["messages"][-1]["content"],
                     },
                 }
             ],
@@ -87,7 +94,7 @@ def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    Scripted.seen = []
+    Scripted.seen, Scripted.bodies, Scripted.structured = [], [], True
     yield f"http://127.0.0.1:{httpd.server_port}/v1"
     httpd.shutdown()
 
@@ -118,6 +125,29 @@ def test_openai_backend_retries_429_5xx_and_timeouts(server, monkeypatch):
     assert backend.cut_short == [False]
 
 
+def test_openai_backend_asks_for_a_json_schema_and_falls_back_where_the_server_has_none(server, monkeypatch):
+    monkeypatch.setenv("TEST_LLM_KEY", "k")
+    config = LLMConfig(
+        backend="openai", model="m", base_url=server, api_key_env="TEST_LLM_KEY", max_retries=0
+    )
+    backend = OpenAIBackend(config)
+    answer = Constraint.answer(50)
+    assert backend.generate([[{"role": "user", "content": "tacos"}]], Sampling(), constraint=answer) == [
+        "stars: 4\nreview: tacos"  # the JSON answer written back in the renderer's format
+    ]
+    schema = Scripted.bodies[-1]["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["stars"] == {"type": "integer", "minimum": 1, "maximum": 5}
+    assert schema["properties"]["review"]["maxLength"] == 50 and backend.structured_fallbacks == 0
+    Scripted.structured = False  # a server without structured outputs: asked again without, then never
+    conversations = [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]
+    assert backend.generate(conversations, Sampling(), constraint=answer) == [
+        "stars: 4\nreview: a",
+        "stars: 4\nreview: b",
+    ]
+    assert not backend.structured and backend.structured_fallbacks == 2
+    assert "response_format" not in Scripted.bodies[-1]
+
+
 def test_openai_backend_needs_its_key(monkeypatch):
     monkeypatch.delenv("NO_SUCH_KEY", raising=False)
     with pytest.raises(SystemExit, match="NO_SUCH_KEY"):
@@ -135,7 +165,7 @@ class FakeLLM:
     def __init__(self, first: list[str], retry: list[str]):
         self.first, self.retry, self.calls = first, retry, []
 
-    def generate(self, conversations, sampling):
+    def generate(self, conversations, sampling, constraint=None):
         self.calls.append(conversations)
         self.cut_short = [False] * len(conversations)  # as every backend reports
         return self.first if len(self.calls) == 1 else self.retry[: len(conversations)]
@@ -195,7 +225,7 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
 
 def test_answers_cut_at_max_new_tokens_are_flagged_and_counted(yelp_store, yelp_tasks, monkeypatch):
     class Cut(ConstantLLM):
-        def generate(self, conversations, sampling):
+        def generate(self, conversations, sampling, constraint=None):
             self.cut_short = [True, False][: len(conversations)]
             return ["stars: 4\nreview: It was good but the", "stars: 2\nreview: Bad."][: len(conversations)]
 
@@ -213,7 +243,7 @@ class ConstantLLM:
     def __init__(self):
         self.calls = []
 
-    def generate(self, conversations, sampling):
+    def generate(self, conversations, sampling, constraint=None):
         self.calls.append(conversations)
         self.cut_short = [False] * len(conversations)
         return ["stars: 5\nreview: Fine." for _ in conversations]
@@ -277,7 +307,7 @@ class ScriptedLLM:
     def __init__(self, kill_at_call: int | None = None):
         self.calls, self.kill_at_call = 0, kill_at_call
 
-    def generate(self, conversations, sampling):
+    def generate(self, conversations, sampling, constraint=None):
         self.calls += 1
         if self.calls == self.kill_at_call:
             raise KeyboardInterrupt  # as if the job were killed mid-batch
@@ -541,6 +571,41 @@ def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model, monkeypa
     assert batched.generate(conversations, sampling)[0] == "" and batched.cut_short == [False, True, True]
 
 
+def test_hf_backend_constrained_answers_follow_the_format_even_from_a_random_model(tiny_model):
+    """A random 2-layer model writes noise; under a constraint every answer still has the required
+    shape and closes (the review bound forces the end), batched or not."""
+    import re
+
+    from agents.llm import HFBackend
+
+    conversations = [[{"role": "user", "content": t}] for t in ("hi", "a longer question about tacos", "ok")]
+    batched = HFBackend(LLMConfig(model=str(tiny_model), generation_batch_size=3, device="cpu"))
+    single = HFBackend(LLMConfig(model=str(tiny_model), generation_batch_size=1, device="cpu"))
+    sampling = Sampling(max_new_tokens=60)
+    answer = Constraint.answer(12)
+    free = batched.generate(conversations, sampling)
+    assert not any(re.fullmatch(r"stars: [1-5]\nreview: [^\n]{1,12}", a) for a in free)
+    together = batched.generate(conversations, sampling, constraint=answer)
+    assert together == single.generate(conversations, sampling, constraint=answer)
+    assert all(re.fullmatch(r"stars: [1-5]\nreview: [^\n]{1,12}", a) for a in together), together
+    assert batched.cut_short == [False, False, False]  # closed by the grammar, not cut by the cap
+    picked = batched.generate(
+        conversations, sampling, constraint=Constraint.choice(["watch", "skip", "chat"])
+    )
+    assert set(picked) <= {"watch", "skip", "chat"} and batched.cut_short == [False] * 3
+    schema = {
+        "type": "object",
+        "properties": {"act": {"type": "string", "enum": ["post", "idle"]}, "n": {"type": "integer"}},
+        "required": ["act", "n"],
+        "additionalProperties": False,
+    }
+    for text in batched.generate(
+        conversations, Sampling(max_new_tokens=40), constraint=Constraint.json(schema)
+    ):
+        value = json.loads(text)
+        assert value["act"] in ("post", "idle") and isinstance(value["n"], int)
+
+
 def test_suite_scores_the_stats_agent_against_both_baselines(yelp_store, yelp_tasks, tmp_path):
     table, agents, claims = suite.run_suite(yelp_store, yelp_tasks, tmp_path, adapter=None, kinds=("stats",))
     lines = table.splitlines()
@@ -580,10 +645,13 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
     vllm.LLM, vllm.SamplingParams = LLM, lambda **kw: kw
     lora = types.ModuleType("vllm.lora.request")
     lora.LoRARequest = lambda name, index, path: (name, index, path)
+    sampling_params = types.ModuleType("vllm.sampling_params")
+    sampling_params.StructuredOutputsParams = lambda **kw: ("structured", kw)
     for name, module in {
         "vllm": vllm,
         "vllm.lora": types.ModuleType("vllm.lora"),
         "vllm.lora.request": lora,
+        "vllm.sampling_params": sampling_params,
     }.items():
         monkeypatch.setitem(sys.modules, name, module)
     adapter = tmp_path / "adapter"
@@ -597,6 +665,16 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
     assert seen["engine"]["enable_lora"] and seen["engine"]["max_lora_rank"] == 16
     assert seen["lora"] == ("adapter", 1, str(adapter))
     assert seen["params"] == {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 3}
+    conversation = [[{"role": "user", "content": "a"}]]
+    backend.generate(conversation, Sampling(), constraint=Constraint.answer(30))
+    assert seen["params"]["structured_outputs"] == (
+        "structured",
+        {"grammar": 'root ::= "stars: " [1-5] "\\nreview: " [^\\n]{1,30}'},
+    )
+    backend.generate(conversation, Sampling(), constraint=Constraint.choice(["a", "b"]))
+    assert seen["params"]["structured_outputs"] == ("structured", {"choice": ["a", "b"]})
+    backend.generate(conversation, Sampling(), constraint=Constraint.json({"type": "object"}))
+    assert seen["params"]["structured_outputs"] == ("structured", {"json": {"type": "object"}})
     with pytest.raises(ValueError, match="above vLLM"):
         vllm_lora_rank(1024)
 
