@@ -10,8 +10,8 @@ rather than at its end (so a truncated review is counted, never silent).
 - ``Constraint.json(schema)``: a JSON schema;
 - ``Constraint.choice(options)``: exactly one of fixed strings.
 
-``hf`` enforces them with xgrammar (a logits processor over transformers' ``generate``; why xgrammar:
-README), ``vllm`` with its own structured outputs, ``openai`` with ``response_format`` (a JSON schema:
+``hf`` enforces them with llguidance (``GrammarProcessor``, a logits processor over transformers'
+``generate``; why llguidance: README), ``vllm`` with its own structured outputs, ``openai`` with ``response_format`` (a JSON schema:
 the answer format is asked as {"stars", "review"} and written back as the two lines). A server that
 refuses ``response_format`` is asked without it from then on, and the answers are parsed (and retried)
 as before; ``structured_fallbacks`` counts those requests.
@@ -64,13 +64,23 @@ class Constraint:
             raise ValueError("a choice needs options")
         return Constraint("choice", options=tuple(options))
 
-    def ebnf(self) -> str:
-        """The grammar (xgrammar / vLLM EBNF) of an answer or a choice."""
+    def regex(self) -> str:
+        """The answer format as a regular expression."""
+        if self.kind != "answer":
+            raise ValueError(f"a {self.kind} constraint is not a regular expression")
+        return f"stars: [1-5]\\nreview: [^\\n]{{1,{self.max_chars}}}"
+
+    def llguidance(self) -> str:
+        """The constraint as an llguidance grammar."""
+        import llguidance
+
         if self.kind == "answer":
-            return f'root ::= "stars: " [1-5] "\\nreview: " [^\\n]{{1,{self.max_chars}}}'
+            return llguidance.LLMatcher.grammar_from_regex(self.regex())
         if self.kind == "choice":
-            return "root ::= " + " | ".join(json.dumps(option) for option in self.options)
-        raise ValueError(f"a {self.kind} constraint has no EBNF grammar")
+            return llguidance.grammar_from("choice", json.dumps(list(self.options)))
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            self.schema, defaults={"whitespace_flexible": False}
+        )
 
     def json_schema(self) -> dict:
         """The JSON schema a backend that only offers JSON is asked for."""
@@ -131,6 +141,36 @@ class LLMConfig:
     gpu_memory_utilization: float = 0.85
 
 
+class GrammarProcessor:
+    """transformers logits processor that lets each row of a batch continue only with tokens its
+    llguidance matcher allows (one matcher per row; for one generate call). llguidance ships the
+    matcher, not this glue. Unlike a plain regex-to-token mask, it keeps fixed text in the tokenizer's
+    usual tokenization, which keeps a small model on its normal path (bench/README.md)."""
+
+    def __init__(self, lltokenizer, grammar: str, vocab_size: int):
+        self.lltokenizer, self.grammar, self.vocab_size = lltokenizer, grammar, vocab_size
+        self.matchers = None
+
+    def __call__(self, input_ids, scores):
+        import llguidance
+        import llguidance.torch
+        import torch
+
+        rows = input_ids.shape[0]
+        if self.matchers is None:  # the first step: nothing generated yet
+            self.matchers = [llguidance.LLMatcher(self.lltokenizer, self.grammar) for _ in range(rows)]
+            self.mask = llguidance.torch.allocate_token_bitmask(rows, self.vocab_size)
+        else:
+            for row, matcher in enumerate(self.matchers):  # a finished row is fed padding: ignored
+                if not matcher.is_stopped() and not matcher.consume_token(int(input_ids[row, -1])):
+                    raise RuntimeError(f"the grammar refused a token it allowed: {matcher.get_error()}")
+        for row, matcher in enumerate(self.matchers):
+            llguidance.torch.fill_next_token_bitmask(matcher, self.mask, row)  # stopped: end of text only
+        bits = (self.mask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        allowed = bits.reshape(rows, -1)[:, : scores.shape[1]].bool().to(scores.device)
+        return scores.masked_fill(~allowed, float("-inf"))
+
+
 class HFBackend:
     def __init__(self, config: LLMConfig):
         import torch
@@ -153,26 +193,19 @@ class HFBackend:
         self.model = model.to(device).eval()
         self.batch_size = config.generation_batch_size
         self.info = {"backend": "hf", "model": config.model, "adapter": config.adapter, "device": device}
-        self._compiler, self._grammars = None, {}
+        self._lltokenizer, self._grammars = None, {}
 
-    def _grammar(self, constraint: Constraint):
-        """The constraint compiled for this tokenizer (once per constraint)."""
-        import xgrammar as xgr
+    def processor(self, constraint: Constraint):
+        """A fresh logits processor for one generate call (it keeps per-row state)."""
+        import llguidance.hf
 
-        if self._compiler is None:
-            info = xgr.TokenizerInfo.from_huggingface(
-                self.tokenizer,
-                vocab_size=self.model.config.vocab_size,
-                stop_token_ids=[self.tokenizer.eos_token_id],
+        if self._lltokenizer is None:  # about 0.5 s, once
+            self._lltokenizer = llguidance.hf.from_tokenizer(
+                self.tokenizer, n_vocab=self.model.config.vocab_size, eos_token=self.tokenizer.eos_token_id
             )
-            self._compiler = xgr.GrammarCompiler(info)
         if constraint not in self._grammars:
-            if constraint.kind == "json":
-                compiled = self._compiler.compile_json_schema(constraint.schema, any_whitespace=False)
-            else:
-                compiled = self._compiler.compile_grammar(constraint.ebnf())
-            self._grammars[constraint] = compiled
-        return self._grammars[constraint]
+            self._grammars[constraint] = constraint.llguidance()
+        return GrammarProcessor(self._lltokenizer, self._grammars[constraint], self.model.config.vocab_size)
 
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
@@ -197,12 +230,10 @@ class HFBackend:
             kwargs = {"do_sample": sampling.temperature > 0}
             if sampling.temperature > 0:
                 kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
-            if constraint is not None:  # a fresh processor per generate call (it keeps per-row state)
-                import xgrammar as xgr
+            if constraint is not None:
                 from transformers import LogitsProcessorList
 
-                processor = xgr.contrib.hf.LogitsProcessor(self._grammar(constraint))
-                kwargs["logits_processor"] = LogitsProcessorList([processor])
+                kwargs["logits_processor"] = LogitsProcessorList([self.processor(constraint)])
             with torch.no_grad():
                 generated = self.model.generate(
                     **batch,
@@ -261,7 +292,7 @@ class VLLMBackend:
             elif constraint.kind == "choice":
                 structured = StructuredOutputsParams(choice=list(constraint.options))
             else:
-                structured = StructuredOutputsParams(grammar=constraint.ebnf())
+                structured = StructuredOutputsParams(regex=constraint.regex())
             extra["structured_outputs"] = structured
         params = SamplingParams(
             max_tokens=sampling.max_new_tokens,

@@ -669,7 +669,7 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
     backend.generate(conversation, Sampling(), constraint=Constraint.answer(30))
     assert seen["params"]["structured_outputs"] == (
         "structured",
-        {"grammar": 'root ::= "stars: " [1-5] "\\nreview: " [^\\n]{1,30}'},
+        {"regex": "stars: [1-5]\\nreview: [^\\n]{1,30}"},
     )
     backend.generate(conversation, Sampling(), constraint=Constraint.choice(["a", "b"]))
     assert seen["params"]["structured_outputs"] == ("structured", {"choice": ["a", "b"]})
