@@ -91,9 +91,8 @@ def stats(args: argparse.Namespace) -> dict:
             "tasks_per_second_incl_loading": round(summary["tasks"] / measured["wall_seconds"], 1),
             "predicted": summary["predicted"],
             "errors": summary["errors"],
-            "star_model": summary["star_model"]["chosen"],
-            "visible_reviews": summary["star_model"]["train_reviews"]
-            + summary["star_model"]["validation_reviews"],
+            "star_models_used": summary["star_models_used"],
+            "validation_reviews": summary["star_model"]["validation_reviews"],
         }
     return results
 
