@@ -9,7 +9,8 @@ into OUT/eval/KIND. The baselines (each user's previous review; the user's mean 
 Writes OUT/compare.md and compare.png (eval.review --compare), OUT/agents.md (time per task, parse
 failures, retries, fallbacks, the star models used) and OUT/claims.md (paired differences over the same
 tasks with 95% BCa bootstrap intervals: tuned vs stats on review generation and overall, tuned vs the
-two base-model agents on overall, stats vs the user-mean baseline on PE), and prints them.
+user-mean baseline and the two base-model agents on overall, stats vs the user-mean baseline on PE and
+overall), and prints them.
 
 ``--visibility official`` runs every agent and baseline with the AgentSociety leaderboard's
 visibility (everything but the task pairs) instead of the default time-aware one; every table says
@@ -34,9 +35,11 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "agents"
 CLAIMS = (
     ("tuned", "stats", "review_generation"),
     ("tuned", "stats", "overall"),
+    ("tuned", "user-mean", "overall"),
     ("tuned", "asc-baseline", "overall"),
     ("tuned", "retrieval-llm", "overall"),
     ("stats", "user-mean", "preference_estimation"),
+    ("stats", "user-mean", "overall"),
 )
 
 

@@ -606,6 +606,7 @@ def test_hf_backend_constrained_answers_follow_the_format_even_from_a_random_mod
         assert value["act"] in ("post", "idle") and isinstance(value["n"], int)
 
 
+@pytest.mark.slow
 def test_suite_scores_the_stats_agent_against_both_baselines(yelp_store, yelp_tasks, tmp_path):
     table, agents, claims = suite.run_suite(yelp_store, yelp_tasks, tmp_path, adapter=None, kinds=("stats",))
     lines = table.splitlines()

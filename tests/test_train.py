@@ -161,6 +161,7 @@ def test_an_example_without_supervised_tokens_is_an_error(tiny_model, amazon_pai
         sft.check_supervision(texts, tokenizer, 40)
 
 
+@pytest.mark.slow
 def test_a_resume_from_other_inputs_is_refused_naming_what_changed(tmp_path, tiny_model, amazon_pairs):
     save = {"max_steps": 2, "save_strategy": "steps", "save_steps": 2}
     sft.main(["--config", str(recipe(tmp_path, tiny_model, amazon_pairs, **save))])
@@ -175,6 +176,7 @@ def test_a_resume_from_other_inputs_is_refused_naming_what_changed(tmp_path, tin
     assert json.loads((out / "fingerprint.json").read_text())["inputs"]["model"]["lora_r"] == 4
 
 
+@pytest.mark.slow
 def test_sft_smoke_loss_falls_lora_moves_base_stays_adapter_reloads(tmp_path, tiny_model, amazon_pairs):
     from peft import PeftModel
     from safetensors.torch import load_file
@@ -220,6 +222,7 @@ def test_sft_smoke_loss_falls_lora_moves_base_stays_adapter_reloads(tmp_path, ti
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_a_stopped_run_resumes_to_the_same_end_with_the_same_data_order(tmp_path, tiny_model, amazon_pairs):
     from transformers import TrainerCallback
 
@@ -289,6 +292,7 @@ def test_qlora_4bit_path_trains(tmp_path, tiny_model, amazon_pairs):
     assert any("Linear4bit" in type(m).__name__ for m in trainer.model.modules())
 
 
+@pytest.mark.slow
 def test_two_process_data_parallel_run_through_accelerate(tmp_path, tiny_model, amazon_pairs):
     config = recipe(tmp_path, tiny_model, amazon_pairs, max_steps=3)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -379,6 +383,7 @@ def test_slurm_script_dry_run_prints_the_resolved_commands():
     assert refused.returncode == 2 and "SLURM_JOB_ID is not set" in refused.stderr
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_with_stable_id_and_generation_table(
     tmp_path, tiny_model, amazon_pairs, monkeypatch
 ):

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The review-agent quality tables of bench/README.md for one sample, end to end and resumable:
+#
+#   bash bench/quality.sh amazon            # about 35 minutes on 2 CPU cores
+#   bash bench/quality.sh yelp runs/quality/yelp
+#   VISIBILITY=official bash bench/quality.sh amazon runs/quality/amazon_official
+#
+# 1. build the sample; 2. two task folders from one seeded shuffle: every eligible task (users with
+# >= 2 older reviews) and its first 50; 3. training pairs with *every* eligible task blocked, and the
+# CPU LoRA recipe on them, so the adapter has seen none of the tasks it is scored on; 4. all agents and
+# both baselines on the 50 tasks; 5. stats and tuned (and both baselines) on every eligible task.
+# Each step resumes or skips finished work; the suites write compare.md, agents.md and claims.md.
+set -euo pipefail
+SAMPLE=${1:?usage: quality.sh amazon|yelp [OUT]}
+OUT=${2:-runs/quality/$SAMPLE}
+PY=${PY:-.venv/bin/python}
+RAW=${USERSIM_RAW:-../shared/data/raw}
+VISIBILITY=${VISIBILITY:-time-aware}
+case "$SAMPLE" in
+    amazon) BUILD=(--source amazon2018 --input "$RAW/amazon2018_5core_small") ;;
+    yelp) BUILD=(--source asc --platform yelp --input "$RAW/yelp_asc_sample") ;;
+    *) echo "error: unknown sample $SAMPLE (amazon or yelp)" >&2; exit 2 ;;
+esac
+set -x
+"$PY" -m data_prep.build "${BUILD[@]}" --out "$OUT/data"
+"$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/tasks_all" --min-history 2 --seed 0 --overwrite
+"$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/tasks_50" --min-history 2 --max-tasks 50 --seed 0 --overwrite
+[[ -f "$OUT/pairs/card.json" ]] || "$PY" -m data_prep.pairs --data "$OUT/data" --tasks "$OUT/tasks_all" \
+    --out "$OUT/pairs" --k-user 2 --k-item 1 --max-tokens 256
+"$PY" -m train.sft --config configs/sft/smollm2_cpu.yaml --pairs "$OUT/pairs" --output_dir "$OUT/sft"
+"$PY" -m agents.suite --data "$OUT/data" --tasks "$OUT/tasks_50" --adapter "$OUT/sft" \
+    --out "$OUT/suite_50" --visibility "$VISIBILITY"
+"$PY" -m agents.suite --kinds stats tuned --data "$OUT/data" --tasks "$OUT/tasks_all" --adapter "$OUT/sft" \
+    --out "$OUT/suite_all" --visibility "$VISIBILITY"
