@@ -208,46 +208,20 @@ class ReviewStore:
         before: int | str | datetime | None = None,
     ) -> list[dict]:
         """Reviews matching every given key, oldest first; never one of a blocked (user, item) pair."""
-        where, args = [], []
-        for column, value in (("review_id", review_id), ("user_id", user_id), ("item_id", item_id)):
-            if value is not None:
-                where.append(f"r.{column} = ?")
-                args.append(value)
-        if not where:
+        if review_id is None and user_id is None and item_id is None:
             raise ValueError("get_reviews needs item_id, user_id or review_id")
-        if before is not None:
-            where.append("r.ts < ?")
-            args.append(to_epoch(before))
-        if self.blocked:
-            where.append(
-                "NOT EXISTS (SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)"
-            )
-        sql = f"SELECT data FROM reviews r WHERE {' AND '.join(where)} ORDER BY r.ts, r.review_id"
+        where, args = self._where(before, review_id=review_id, user_id=user_id, item_id=item_id)
+        sql = f"SELECT data FROM reviews r {where} ORDER BY r.ts, r.review_id"
         return [orjson.loads(data) for (data,) in self.conn.execute(sql, args)]
 
-    def _visible_where(self) -> str:
-        if not self.blocked:
-            return ""
-        return "WHERE NOT EXISTS (SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)"
-
-    def visible_reviews(self):
-        """Every review not hidden by the block set, by user then time (streams; for training pairs)."""
-        where = self._visible_where()
-        for (data,) in self.conn.execute(
-            f"SELECT data FROM reviews r {where} ORDER BY r.user_id, r.ts, r.review_id"
-        ):
-            yield orjson.loads(data)
-
-    def visible_ratings(self) -> list[tuple[str, str, str, int, float]]:
-        """(review_id, user_id, item_id, ts, stars) of every review not hidden by the block set: no texts,
-        so star models fit on millions of reviews in little memory."""
-        where = self._visible_where()
-        return self.conn.execute(
-            f"SELECT review_id, user_id, item_id, ts, stars FROM reviews r {where}"
-        ).fetchall()
-
-    def _where(self, before) -> tuple[str, list]:
+    def _where(self, before=None, **keys) -> tuple[str, list]:
+        """The WHERE clause over ``reviews r``: the given keys, strictly older than ``before``, and
+        never a review of a blocked (user, item) pair."""
         clauses, args = [], []
+        for column, value in keys.items():
+            if value is not None:
+                clauses.append(f"r.{column} = ?")
+                args.append(value)
         if before is not None:
             clauses.append("r.ts < ?")
             args.append(to_epoch(before))
@@ -256,6 +230,22 @@ class ReviewStore:
                 "NOT EXISTS (SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)"
             )
         return ("WHERE " + " AND ".join(clauses)) if clauses else "", args
+
+    def visible_reviews(self):
+        """Every review not hidden by the block set, by user then time (streams; for training pairs)."""
+        where, _ = self._where()
+        for (data,) in self.conn.execute(
+            f"SELECT data FROM reviews r {where} ORDER BY r.user_id, r.ts, r.review_id"
+        ):
+            yield orjson.loads(data)
+
+    def visible_ratings(self) -> list[tuple[str, str, str, int, float]]:
+        """(review_id, user_id, item_id, ts, stars) of every review not hidden by the block set: no texts,
+        so star models fit on millions of reviews in little memory."""
+        where, _ = self._where()
+        return self.conn.execute(
+            f"SELECT review_id, user_id, item_id, ts, stars FROM reviews r {where}"
+        ).fetchall()
 
     def mean_stars(self, before: int | str | datetime | None = None) -> float | None:
         """The mean of every visible review's stars (strictly older than ``before``); None if none."""

@@ -17,6 +17,11 @@ def at(history: History, user: str, item: str, t: int) -> dict[str, float]:
     return {name: float(v[0]) for name, v in history.candidates(u, i, np.array([t])).items()}
 
 
+def ratings_of(n: int, user, item, stars) -> list[tuple]:
+    """n ratings, the k-th at time k, its user, item and stars given as functions of k."""
+    return [(f"r{k}", f"u{user(k)}", f"i{item(k)}", k, float(stars(k))) for k in range(n)]
+
+
 def test_candidates_by_hand():
     h = History(SMALL)
     late = at(h, "u1", "i1", 4)  # after everything
@@ -62,7 +67,7 @@ def brute_force(ratings, user, item, t, shrink=3.0, lam=5.0):
 
 def test_every_statistic_uses_only_ratings_strictly_older_than_the_moment():
     rng = random.Random(0)
-    ratings = [
+    ratings = [  # times drawn at random, with ties
         (
             f"r{k}",
             f"u{rng.randrange(25)}",
@@ -94,16 +99,10 @@ def test_prequential_choice_uses_only_rows_older_than_the_moment():
 
 def test_star_model_predicts_at_each_task_moment_and_reports_its_choice():
     rng = random.Random(1)
-    ratings = [
-        (
-            f"r{k}",
-            f"u{k % 40}",
-            f"i{rng.randrange(10)}",
-            k,
-            float(3 + (k % 40 >= 20) + rng.choice([-1, 0, 0, 1])),
-        )
-        for k in range(800)
-    ]
+    high = lambda k: k % 40 >= 20  # noqa: E731 (users 20-39 rate one star higher)
+    ratings = ratings_of(
+        800, lambda k: k % 40, lambda k: rng.randrange(10), lambda k: 3 + high(k) + rng.choice([-1, 0, 0, 1])
+    )
     model = StarModel(ratings, min_validation=30)
     assert model.report["validation_reviews"] == 760  # every rating whose user has an older one
     stars, names = model.predict(["u1", "u25", "u1"], ["i1", "i1", "i1"], [10, 799, 800])
@@ -116,9 +115,7 @@ def test_star_model_predicts_at_each_task_moment_and_reports_its_choice():
 
 def test_blends_with_llm_stars_only_where_validation_says_so():
     rng = random.Random(2)
-    ratings = [
-        (f"r{k}", f"u{k % 30}", f"i{rng.randrange(8)}", k, float(rng.randint(1, 5))) for k in range(600)
-    ]
+    ratings = ratings_of(600, lambda k: k % 30, lambda k: rng.randrange(8), lambda k: rng.randint(1, 5))
     model = StarModel(ratings, min_validation=30, min_blend=8)
     rows = model.validation[::3]
     model.set_llm_validation({r[0]: r[4] for r in rows})  # an LLM that knows these answers
