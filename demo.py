@@ -11,8 +11,9 @@
    two model-free baselines, score everything with the offline evaluator, print the comparison table
    and write its chart (agents.suite).
 
-Rerunning resumes or skips what is done. Where ../shared/data/raw is absent it fetches a small public
-Amazon Reviews 2023 sample instead (needs the Hugging Face Hub) and says so.
+Rerunning resumes or skips what is done; a step whose inputs changed (new code that builds other
+pairs, say) is redone instead of mixed with the earlier work. Where ../shared/data/raw is absent it
+fetches a small public Amazon Reviews 2023 sample instead (needs the Hugging Face Hub) and says so.
 """
 
 from __future__ import annotations
@@ -76,9 +77,15 @@ def main() -> None:
     pairs.main(
         f"--data {data} --tasks {tasks} --out {pairs_dir} --k-user 2 --k-item 1 --max-tokens 256".split()
     )
-    trainer = sft.main(
-        ["--config", "configs/sft/smollm2_cpu.yaml", "--pairs", str(pairs_dir), "--output_dir", str(adapter)]
-    )
+    recipe = [
+        "--config",
+        "configs/sft/smollm2_cpu.yaml",
+        "--pairs",
+        str(pairs_dir),
+        "--output_dir",
+        str(adapter),
+    ]
+    trainer = sft.main([*recipe, "--overwrite", "true"])
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     evals = [h["eval_loss"] for h in trainer.state.log_history if "eval_loss" in h]
     print(
@@ -87,7 +94,7 @@ def main() -> None:
     print(f"adapter, tokenizer, model card: {adapter}; loss curve: {adapter / 'loss.png'}")
 
     print("\n=== 4. simulate the 50 held-out tasks with every agent and score them (offline evaluator)")
-    suite.run_suite(data, tasks, out / "suite" / "amazon", adapter)
+    suite.run_suite(data, tasks, out / "suite" / "amazon", adapter, overwrite=True)
     print(f"\ndemo finished in {(time.perf_counter() - started) / 60:.1f} min")
 
 

@@ -34,7 +34,17 @@ from data_prep.prompt import build_messages, describe_item, fit_messages, parse_
 
 KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
 VISIBILITY = ("time-aware", "official")
-COUNTS = ("llm_answers", "parse_failures", "retries", "retry_successes", "fallbacks", "cut_short")
+# Per task: first answers, unusable ones, retries (and those that worked), fallbacks, answers cut at
+# max_new_tokens, answers asked for a constraint the backend could not enforce.
+COUNTS = (
+    "llm_answers",
+    "parse_failures",
+    "retries",
+    "retry_successes",
+    "fallbacks",
+    "cut_short",
+    "unconstrained",
+)
 STRICT = (
     "Your answer was not in the required format. Answer again with exactly two lines and nothing else:\n"
     "stars: <a whole number from 1 to 5>\nreview: <the review text>"
@@ -98,7 +108,7 @@ class Prediction:
     unusable: list[str] = field(default_factory=list)  # LLM answers that could not be used, in order
     cut_short: bool = False  # the answer used stopped at max_new_tokens (its review may be truncated)
     star_model: str | None = None  # the star candidate (or blend) that gave the stars; None: the LLM's
-    counts: Counter = field(default_factory=Counter)  # this task's share of the agent's counts
+    counts: Counter = field(default_factory=Counter)  # this task's counts (COUNTS); a run sums them
 
 
 @dataclass
@@ -149,14 +159,13 @@ class ReviewAgent:
         self.llm = load_llm(llm_config) if config.kind != "stats" else None
         self.tokenizer = getattr(self.llm, "tokenizer", None)
         self.stars = StarModel(store.visible_ratings())
-        self.counts: Counter = Counter(dict.fromkeys(COUNTS, 0))
         if config.kind == "tuned" and config.blend_fraction > 0:
             self.stars.set_llm_validation(self.llm_validation_stars(llm_config.adapter))
 
     def llm_validation_stars(self, adapter: str | None) -> dict[str, float]:
         """The LLM's stars for the drawn validation reviews that its adapter did not train on, each
         asked like a time-aware task (only strictly older reviews shown); unusable answers are left
-        out. These are not task answers, so they do not enter the agent's counts."""
+        out. These are not task answers, so they are not in any task's counts."""
         trained = set(adapter_training_data(adapter)["train_review_ids"]) if adapter else set()
         rows = [r for r in self.stars.validation if r[0] not in trained]
         drawn = [r for r in rows if in_sample(r[0], self.config.blend_fraction, self.config.seed)]
@@ -284,7 +293,6 @@ class ReviewAgent:
                 if not (review and review.strip()):
                     review, cut_short = self.fallback_review(ctx), False
             counts["cut_short"] += cut_short
-            self.counts.update(counts)
             out.append(
                 Prediction(
                     task["task_id"],
@@ -309,10 +317,11 @@ class ReviewAgent:
         constraint = Constraint.answer(self.config.max_review_chars) if self.config.constrained else None
         conversations = [self.messages(c) for c in contexts]
         texts = self.llm.generate(conversations, sampling, constraint=constraint)
+        unconstrained = getattr(self.llm, "unconstrained", None) or [False] * len(texts)
         answers = []
-        for text, cut in zip(texts, self.llm.cut_short, strict=True):
+        for text, cut, free in zip(texts, self.llm.cut_short, unconstrained, strict=True):
             stars, review = parse_completion(text)
-            counts = Counter(llm_answers=1)
+            counts = Counter(llm_answers=1, unconstrained=int(free and constraint is not None))
             ok = usable(stars, review)
             counts["parse_failures"] += not ok
             answers.append(Answer(stars, review, text, "llm", [] if ok else [text], cut, counts))

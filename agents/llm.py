@@ -14,7 +14,8 @@ rather than at its end (so a truncated review is counted, never silent).
 ``generate``; why llguidance: README), ``vllm`` with its own structured outputs, ``openai`` with ``response_format`` (a JSON schema:
 the answer format is asked as {"stars", "review"} and written back as the two lines). A server that
 refuses ``response_format`` is asked without it from then on, and the answers are parsed (and retried)
-as before; ``structured_fallbacks`` counts those requests.
+as before. After each call, ``unconstrained[i]`` says whether answer i was asked for a constraint the
+backend could not enforce (the agents count it per answer).
 
 - ``hf``: transformers (+ an optional PEFT adapter), batched left-padded generation, greedy when
   temperature is 0;
@@ -245,6 +246,7 @@ class HFBackend:
             new = generated[:, batch["input_ids"].shape[1] :]
             outputs.extend(self.tokenizer.batch_decode(new, skip_special_tokens=True))
             self.cut_short += (new == self.tokenizer.eos_token_id).any(dim=1).logical_not().tolist()
+        self.unconstrained = [False] * len(outputs)
         return outputs
 
 
@@ -303,6 +305,7 @@ class VLLMBackend:
         )
         outputs = self.engine.chat(conversations, params, lora_request=self.lora, use_tqdm=False)
         self.cut_short = [o.outputs[0].finish_reason == "length" for o in outputs]
+        self.unconstrained = [False] * len(outputs)
         return [o.outputs[0].text for o in outputs]
 
 
@@ -319,7 +322,6 @@ class OpenAIBackend:
         self.model, self.concurrency = config.model, config.concurrency
         self.info = {"backend": "openai", "model": config.model, "base_url": config.base_url}  # never the key
         self.structured = True  # until the server refuses response_format
-        self.structured_fallbacks = 0
 
     def _one(
         self, conversation: list[dict], sampling: Sampling, constraint: Constraint | None
@@ -342,11 +344,11 @@ class OpenAIBackend:
                 )
                 choice = response.choices[0]
                 return constraint.from_json(choice.message.content or ""), choice.finish_reason == "length"
-            except BadRequestError as err:  # the server has no structured outputs: parse and retry instead
-                self.structured = False
+            except BadRequestError as err:
+                if not any(word in str(err) for word in ("response_format", "json_schema")):
+                    raise  # another problem with this request (too long, ...): the task's error
+                self.structured = False  # the server has no structured outputs: parse and retry instead
                 log.warning("the server refused response_format (%s); answers are parsed and retried", err)
-        if constraint is not None:
-            self.structured_fallbacks += 1
         response = self.client.chat.completions.create(**request)
         choice = response.choices[0]
         return choice.message.content or "", choice.finish_reason == "length"
@@ -357,6 +359,7 @@ class OpenAIBackend:
         with ThreadPoolExecutor(self.concurrency) as pool:
             answers = list(pool.map(lambda c: self._one(c, sampling, constraint), conversations))
         self.cut_short = [cut for _, cut in answers]
+        self.unconstrained = [constraint is not None and not self.structured] * len(answers)
         return [text for text, _ in answers]
 
 

@@ -124,13 +124,14 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
     """What decides a run's predictions (see data_prep.fingerprint)."""
     uses_llm = agent_config.kind != "stats"
     keep = lambda config: {k: v for k, v in asdict(config).items() if k not in EXECUTION_FIELDS}  # noqa: E731
-    build = store.meta().get("fingerprint") or ""
+    build = json.loads(store.meta().get("fingerprint") or "{}")
+    build.pop("inputs", None)  # file paths: the same data in another clone or mount is the same store
     return {
         "agent": keep(agent_config),
         "llm": {k: v for k, v in keep(llm_config).items() if k != "adapter"} if uses_llm else None,
         "adapter": fingerprint.adapter_digest(llm_config.adapter) if uses_llm else None,
         "tasks": fingerprint.task_folder_digest(args.tasks),
-        "store": hashlib.sha256(build.encode()).hexdigest(),
+        "store": hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest(),
         "shard": args.shard,
     }
 
@@ -206,10 +207,11 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
     store = ReviewStore.open(args.data, tasks=args.tasks)
     has_work = any((out / name).exists() for name in WORK_FILES)
     inputs = fingerprint_inputs(agent_config, llm_config, args, store)
-    if not fingerprint.check(out, inputs, overwrite=args.overwrite, has_work=has_work):
+    if not fingerprint.verdict(out, inputs, overwrite=args.overwrite, has_work=has_work):
         for name in (*WORK_FILES, "output.json", "summary.json"):
             (out / name).unlink(missing_ok=True)
         print(f"--overwrite: discarded the earlier work in {out}")
+    fingerprint.record(out, inputs)
     predictions_path = out / "predictions.jsonl"
     done = finished(predictions_path)
     todo = [t for t in tasks if t["task_id"] not in done]
@@ -286,9 +288,22 @@ def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dic
 
 def merge(shards: list[str], out: Path, task_dir: str | None) -> dict:
     """Shard runs -> one run: predictions.jsonl, and with --tasks the official output.json; summary.json
-    counts every shard's prediction lines. A task in two shards, or a task of the folder in none, is
+    counts every shard's prediction lines. Shards run from other inputs (their fingerprints differ in
+    more than the shard) are refused; a task in two shards is an error, a task of the folder in none is
     reported."""
     out.mkdir(parents=True, exist_ok=True)
+    inputs = {}  # each shard's fingerprint without its shard: they must agree
+    for shard in shards:
+        path = Path(shard) / fingerprint.FILE
+        if path.exists():
+            inputs[shard] = {k: v for k, v in json.loads(path.read_text())["inputs"].items() if k != "shard"}
+    for shard, shard_inputs in inputs.items():
+        changed = fingerprint.differences(next(iter(inputs.values())), shard_inputs)
+        if changed:
+            raise SystemExit(
+                f"error: {shard} was run from other inputs than {next(iter(inputs))} ({', '.join(changed)}); "
+                "shards of one run must share config, adapter, tasks and store"
+            )
     rows: dict[int, dict] = {}
     summaries = []
     for shard in shards:
@@ -304,7 +319,8 @@ def merge(shards: list[str], out: Path, task_dir: str | None) -> dict:
         for shard in shards:
             f.writelines(json.dumps(e) + "\n" for e in read_jsonl(Path(shard) / "errors.jsonl"))
     first = summaries[0] if summaries else {}
-    extra = {"shards": len(shards), "agent": first.get("agent"), "visibility": first.get("visibility")}
+    agent = next(iter(inputs.values()))["agent"] if inputs else first.get("agent")
+    extra = {"shards": len(shards), "agent": agent, "visibility": (agent or {}).get("visibility")}
     tasks = read_tasks(task_dir) if task_dir else [{"task_id": k} for k in sorted(rows)]
     summary = summarise(out, tasks, rows, extra)
     summary["star_model"] = first.get("star_model")

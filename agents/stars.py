@@ -4,11 +4,13 @@ Every prediction is made *as of a moment t* and uses only ratings strictly older
 block set already hides the task pairs). Under the official AgentSociety visibility, t is "after
 everything" for the tasks: every visible rating counts.
 
-Candidates, each also rounded to whole stars (PE rewards it when ratings are integers):
+Candidates, each clipped to 1-5 (as delivered) and also rounded to whole stars (PE rewards it when
+ratings are integers):
 
 - ``global_mean``: mu(t), the mean of all ratings before t;
 - ``user_mean_shrinkL``: the user's mean before t shrunk towards mu(t) with strength L;
-- ``user_median``: the median of the user's ratings before t (when stars take few distinct values);
+- ``user_median``: the median of the user's ratings before t (each counted on the half-star grid of
+  1-5, which is exact for every platform here; the candidate set never depends on the data);
 - ``bias_lambdaL``: mu(t) + b_user(t) + b_item(t), Koren's decoupled baseline: b_item(t) =
   sum(r - mu(t)) / (n + L) over the item's ratings before t; b_user(t) = sum(e) / (n + L) over the
   user's ratings before t, where e = r - mu(t_r) - b_item(t_r) is each rating's residual against the
@@ -42,7 +44,7 @@ BIAS_STRENGTH = (1.0, 5.0, 20.0)
 BLEND_WEIGHTS = (0.0, 0.25, 0.5, 0.75)  # weight of the model; 0 = the LLM's stars alone
 DEFAULT = "user_mean_shrink3"  # used while too few validation rows precede a task
 EMPTY_PRIOR = 3.0  # mu before the first rating of the store
-MAX_MEDIAN_VALUES = 12  # the median is computed from per-value counts; more distinct values: no median
+MEDIAN_GRID = np.arange(1.0, 5.01, 0.5)  # the median counts ratings on the half-star grid of 1-5
 
 
 def errors(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -104,11 +106,9 @@ class History:
         for segments in (self.user, self.item):
             segments.add("n", ones)
             segments.add("sum", self.stars)
-        values = np.unique(self.stars)
-        self.median_values = values if len(values) <= MAX_MEDIAN_VALUES else None
-        if self.median_values is not None:
-            for v in self.median_values:
-                self.user.add(f"count={v}", (self.stars == v).astype(np.float64))
+        on_grid = np.clip(np.rint(self.stars * 2) / 2, 1, 5)  # exact for 1-5 and half-star scales
+        for v in MEDIAN_GRID:
+            self.user.add(f"count={v}", (on_grid == v).astype(np.float64))
         # each rating's residual against the item's bias at its own time, for b_user
         mu = self.mu(self.ts)
         start, end = self.item.before(self.i, self.ts)
@@ -139,23 +139,23 @@ class History:
             out[f"user_mean_shrink{lam:g}"] = np.where(
                 n_u > 0, (sum_u + lam * mu) / np.maximum(n_u + lam, 1e-12), mu
             )
-        if self.median_values is not None:
-            out["user_median"] = self._median(us, ue, n_u, mu)
+        out["user_median"] = self._median(us, ue, n_u, mu)
         for lam in BIAS_STRENGTH:
             b_item = (sum_i - n_i * mu) / (n_i + lam)
             b_user = self.user.total(f"residual{lam:g}", us, ue) / (n_u + lam)
             out[f"bias_lambda{lam:g}"] = mu + b_user + b_item
-        for name in list(out):
+        for name in list(out):  # every candidate as it is delivered: within 1-5
+            out[name] = np.clip(out[name], 1, 5)
             out[f"{name}_rounded"] = np.clip(np.rint(out[name]), 1, 5)
         return out
 
     def _median(self, start: np.ndarray, end: np.ndarray, n: np.ndarray, mu: np.ndarray) -> np.ndarray:
-        counts = np.stack([self.user.total(f"count={v}", start, end) for v in self.median_values], axis=1)
+        counts = np.stack([self.user.total(f"count={v}", start, end) for v in MEDIAN_GRID], axis=1)
         cumulative = np.cumsum(counts, axis=1)
         k = n.astype(np.int64)
         low = np.argmax(cumulative > ((k - 1) // 2)[:, None], axis=1)
         high = np.argmax(cumulative > (k // 2)[:, None], axis=1)
-        return np.where(k > 0, (self.median_values[low] + self.median_values[high]) / 2, mu)
+        return np.where(k > 0, (MEDIAN_GRID[low] + MEDIAN_GRID[high]) / 2, mu)
 
 
 class PrequentialChoice:

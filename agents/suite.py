@@ -110,6 +110,7 @@ def run_suite(
     extra: list[str] | None = None,
     backend: str = "offline",
     visibility: str = "time-aware",
+    overwrite: bool = False,
 ) -> tuple[str, str, str]:
     if "tuned" in kinds and adapter is None:
         raise SystemExit("error: the tuned agent needs --adapter (a train.sft output folder)")
@@ -136,7 +137,7 @@ def run_suite(
         print(f"\n--- agent {kind} (configs/agents/{kind}.yaml)")
         run = out / "sim" / kind
         argv = ["--config", CONFIGS / f"{kind}.yaml", "--data", data, "--tasks", tasks, "--out", run]
-        args = [*map(str, argv), "--visibility", visibility]
+        args = [*map(str, argv), "--visibility", visibility, *(["--overwrite", "true"] if overwrite else [])]
         if kind != "stats":
             args += generation_args() if extra is None else extra
         if kind == "tuned":
@@ -170,12 +171,23 @@ def main(argv: list[str] | None = None) -> None:
         default="time-aware",
         help="time-aware: only reviews older than each target; official: everything but the task pairs",
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="redo an agent's run whose inputs changed (else refused)"
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="LLM agents: tasks per batch")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="LLM agents: answer length cap")
     args = parser.parse_args(argv)
     extra = generation_args(args.batch_size, args.max_new_tokens)
     run_suite(
-        args.data, args.tasks, args.out, args.adapter, tuple(args.kinds), extra, args.backend, args.visibility
+        args.data,
+        args.tasks,
+        args.out,
+        args.adapter,
+        tuple(args.kinds),
+        extra,
+        args.backend,
+        args.visibility,
+        args.overwrite,
     )
 
 

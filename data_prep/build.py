@@ -189,11 +189,13 @@ def parse_reviews(source_name: str, category: str, raws: list[bytes], defaults: 
     return out
 
 
-def _exit_with_parent(parent: int, interval: float = 0.5) -> None:
-    """Worker initializer: end this worker as soon as the build process that started it is gone (a
-    ``kill -9``, an out-of-memory kill, a preempted job). Without it a worker blocked on its pipe stays
+def _exit_with_parent(interval: float = 0.5) -> None:
+    """Worker initializer: end this worker as soon as the process that started it is gone (a ``kill
+    -9``, an out-of-memory kill, a preempted job). Without it a worker blocked on its pipe stays
     behind, holding memory and the input file. A daemon thread, so it also fires while the worker's
-    main thread is blocked writing a result."""
+    main thread is blocked writing a result. The parent is whoever started this worker (the build
+    process under fork; the fork server, which ends with the build, under forkserver)."""
+    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -379,11 +381,7 @@ class Builder:
         resumed_at = self.state.reviews_read
         # Review lines are parsed in worker processes while this one writes; results are taken in
         # input order, with a bounded number in flight, so memory stays flat and checkpoints exact.
-        pool = (
-            ProcessPoolExecutor(self.workers, initializer=_exit_with_parent, initargs=(os.getpid(),))
-            if self.workers
-            else None
-        )
+        pool = ProcessPoolExecutor(self.workers, initializer=_exit_with_parent) if self.workers else None
         submit = pool.submit if pool else _run_now
         try:
             for index, (role, path) in enumerate(self.plan):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -68,38 +69,48 @@ def normalise(value):
     return json.loads(json.dumps(value, default=str))
 
 
-def check(folder: Path, inputs: dict, *, overwrite: bool, has_work: bool) -> bool:
-    """Compare ``inputs`` with the fingerprint a run in ``folder`` started from, then record them.
+def verdict(folder: Path, inputs: dict, *, overwrite: bool, has_work: bool) -> bool:
+    """Compare ``inputs`` with the fingerprint a run in ``folder`` started from (reads only).
 
-    Returns True when the earlier work may be kept (same inputs) and False when it must be discarded
-    (``overwrite`` with different inputs, or earlier work without a fingerprint). Raises SystemExit,
-    naming what changed, when the inputs differ and ``overwrite`` is not set."""
+    Returns True when the earlier work may be kept (same inputs, or no earlier work) and False when it
+    must be discarded (``overwrite`` with different inputs, or earlier work without a fingerprint).
+    Raises SystemExit, naming what changed, when the inputs differ and ``overwrite`` is not set."""
     path = folder / FILE
-    inputs = normalise(inputs)
-    code = git_commit()
-    keep = True
-    if path.exists():
-        old = json.loads(path.read_text())
-        changed = differences(old["inputs"], inputs)
-        if changed and has_work:
-            if not overwrite:
-                raise SystemExit(
-                    f"error: {folder} holds a run started from other inputs; changed: {', '.join(changed)}. "
-                    "Use another output folder, or --overwrite to discard the earlier work"
-                )
-            keep = False
-        elif has_work and old.get("code") != code:
-            print(
-                f"warning: {folder} was started with code {old.get('code')}, this is {code}; continuing",
-                file=sys.stderr,
-            )
-    elif has_work:
+    if not has_work:
+        return True
+    if not path.exists():
         if not overwrite:
             raise SystemExit(
                 f"error: {folder} holds earlier work without a {FILE}, so its inputs are unknown. "
                 "Use another output folder, or --overwrite to discard it"
             )
-        keep = False
+        return False
+    old = json.loads(path.read_text())
+    changed = differences(old["inputs"], normalise(inputs))
+    if changed:
+        if not overwrite:
+            raise SystemExit(
+                f"error: {folder} holds a run started from other inputs; changed: {', '.join(changed)}. "
+                "Use another output folder, or --overwrite to discard the earlier work"
+            )
+        return False
+    code = git_commit()
+    if old.get("code") != code:
+        print(
+            f"warning: {folder} was started with code {old.get('code')}, this is {code}; continuing",
+            file=sys.stderr,
+        )
+    return True
+
+
+def record(folder: Path, inputs: dict) -> None:
+    """Write the fingerprint (atomically: a reader never sees half a file)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"inputs": inputs, "code": code}, indent=2))
-    return keep
+    tmp = folder / (FILE + ".tmp")
+    tmp.write_text(json.dumps({"inputs": normalise(inputs), "code": git_commit()}, indent=2))
+    os.replace(tmp, folder / FILE)
+
+
+def digest(inputs: dict) -> str:
+    """A short hash of a run's inputs (a W&B run id that changes when the run is started afresh)."""
+    return hashlib.sha256(json.dumps(normalise(inputs), sort_keys=True).encode()).hexdigest()[:12]

@@ -107,7 +107,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run where a CUDA device is present and are skipped, with that reason,
-    where none is (bench/gpu_check.sh runs them on a GPU machine)."""
+    where none is (`pytest -m gpu` on a GPU machine)."""
     import torch
 
     if torch.cuda.is_available():

@@ -51,14 +51,15 @@ class Scripted(BaseHTTPRequestHandler):
         action = Scripted.script.pop(0) if Scripted.script else "ok"  # or "long": cut at max_tokens
         if action == "slow":
             time.sleep(1.5)
+        message = b'{"error": {"message": "try later"}}'
         if "response_format" in body and not Scripted.structured:
-            action = "400"
+            action, message = "400", b'{"error": {"message": "unknown field: response_format"}}'
         if action in ("400", "429", "500"):
             self.send_response(int(action))
             self.send_header("Content-Type", "application/json")
             self.send_header("Retry-After", "0")
             self.end_headers()
-            self.wfile.write(b'{"error": {"message": "try later"}}')
+            self.wfile.write(message)
             return
         reply = {
             "id": "x",
@@ -137,14 +138,20 @@ def test_openai_backend_asks_for_a_json_schema_and_falls_back_where_the_server_h
     ]
     schema = Scripted.bodies[-1]["response_format"]["json_schema"]["schema"]
     assert schema["properties"]["stars"] == {"type": "integer", "minimum": 1, "maximum": 5}
-    assert schema["properties"]["review"]["maxLength"] == 50 and backend.structured_fallbacks == 0
+    assert schema["properties"]["review"]["maxLength"] == 50 and backend.unconstrained == [False]
+    from openai import BadRequestError
+
+    Scripted.script = ["400"]  # another 400 (say, a prompt too long): this task's error, no fallback
+    with pytest.raises(BadRequestError):
+        backend.generate([[{"role": "user", "content": "x"}]], Sampling(), constraint=answer)
+    assert backend.structured
     Scripted.structured = False  # a server without structured outputs: asked again without, then never
     conversations = [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]
     assert backend.generate(conversations, Sampling(), constraint=answer) == [
         "stars: 4\nreview: a",
         "stars: 4\nreview: b",
     ]
-    assert not backend.structured and backend.structured_fallbacks == 2
+    assert not backend.structured and backend.unconstrained == [True, True]  # counted by the agent
     assert "response_format" not in Scripted.bodies[-1]
 
 
@@ -202,23 +209,16 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
         1 <= predictions[2].stars <= 5 and predictions[2].review.strip()
     )  # calibrated stars, retrieved text
     assert all(p.review.strip() for p in predictions)
-    assert [p.cut_short for p in predictions] == [False] * 4 and agent.counts["cut_short"] == 0
+    assert [p.cut_short for p in predictions] == [False] * 4
     unusable = [[], ["I think it is good."], ["stars: nine\nreview: ", "still nothing"], []]
     assert [p.unusable for p in predictions] == unusable  # kept with their task, not lost
-    assert dict(agent.counts) == {
-        "llm_answers": 4,
-        "parse_failures": 2,
-        "retries": 2,
-        "retry_successes": 1,
-        "fallbacks": 1,
-        "cut_short": 0,
-    }
-    # each prediction carries its own share, so a run's counts can be summed from its lines
+    # each prediction carries its own counts, so a run's counts are summed from its lines
+    zero = {"parse_failures": 0, "cut_short": 0, "unconstrained": 0}
     assert [dict(p.counts) for p in predictions] == [
-        {"llm_answers": 1, "parse_failures": 0, "cut_short": 0},
-        {"llm_answers": 1, "parse_failures": 1, "retries": 1, "retry_successes": 1, "cut_short": 0},
-        {"llm_answers": 1, "parse_failures": 1, "retries": 1, "fallbacks": 1, "cut_short": 0},
-        {"llm_answers": 1, "parse_failures": 0, "cut_short": 0},
+        {**zero, "llm_answers": 1},
+        {**zero, "llm_answers": 1, "parse_failures": 1, "retries": 1, "retry_successes": 1},
+        {**zero, "llm_answers": 1, "parse_failures": 1, "retries": 1, "fallbacks": 1},
+        {**zero, "llm_answers": 1},
     ]
     assert "exactly two lines" in fake.calls[1][0][-1]["content"]  # the stricter instruction
 
@@ -236,7 +236,8 @@ def test_answers_cut_at_max_new_tokens_are_flagged_and_counted(yelp_store, yelp_
         ReviewStore.open(yelp_store, tasks=yelp_tasks),
     )
     predictions = agent.predict(tasks_with_dates(yelp_tasks)[:2])
-    assert [p.cut_short for p in predictions] == [True, False] and agent.counts["cut_short"] == 1
+    assert [p.cut_short for p in predictions] == [True, False]
+    assert [p.counts["cut_short"] for p in predictions] == [1, 0]
 
 
 class ConstantLLM:
@@ -273,7 +274,7 @@ def test_tuned_agent_asks_for_validation_stars_only_on_reviews_its_adapter_did_n
     }
     assert 5 <= len(asked_ids) <= 60 and agent.stars.report["llm_validation_stars"] == len(asked_ids)
     conversations = [c for call in fake.calls for c in call]
-    assert len(conversations) == len(asked_ids) and sum(agent.counts.values()) == 0  # not task answers
+    assert len(conversations) == len(asked_ids)
     targets = {row["review_id"] for row in read_targets(yelp_tasks).values()}
     by_id = {r[0]: r for r in validation}
     for review_id, conversation in zip(asked_ids, conversations, strict=True):
@@ -405,16 +406,22 @@ def test_a_run_refuses_to_resume_from_other_inputs(yelp_store, yelp_tasks, tmp_p
 @pytest.fixture(scope="module")
 def flooded_store(raw, yelp_tasks, tmp_path_factory):
     """The Yelp sample plus, after the latest task's moment, a flood: every task's item gets 15 one-star
-    reviews from new users, and every task's user writes 5 one-star reviews of new items."""
+    reviews from new users, and every task's user writes 5 one-star reviews of new items; and at exactly
+    the latest task's moment, a few more for that task (not strictly older, so not visible to it)."""
     from data_prep import build
 
     dump = tmp_path_factory.mktemp("flood_dump")
     for name in ("user_subset.json", "item_subset.json", "review_subset.json"):
         shutil.copy(raw / "yelp_asc_sample" / name, dump / name)
-    later = max(t["ts"] for t in read_targets(yelp_tasks).values()) + 86_400
+    targets = read_targets(yelp_tasks)
+    last = max(t["ts"] for t in targets.values())
+    later = last + 86_400
     flood = []
     for task in read_tasks(yelp_tasks):
         k = task["task_id"]
+        if targets[k]["ts"] == last:  # at the very moment of the latest task (earlier tasks never see it):
+            flood += [(f"tie-item-{k}-{n}", f"tier-{k}-{n}", task["item_id"], last) for n in range(3)]
+            flood.append((f"tie-user-{k}", task["user_id"], f"tie-new-item-{k}", last))  # not strictly older
         for n in range(15):
             flood.append((f"flood-item-{k}-{n}", f"flooder-{k}-{n}", task["item_id"], later + 60 * n))
         for n in range(5):
@@ -488,6 +495,10 @@ def test_shards_cover_every_task_once_and_merge(yelp_store, yelp_tasks, tmp_path
     assert some["missing"] == [t for t in range(20) if t % 3 == 2]  # reported, not hidden
     with pytest.raises(SystemExit, match="two shards"):
         simulate.main(["--out", str(tmp_path / "twice"), "--merge", shards[0], shards[0]])
+    assert summary["visibility"] == "time-aware" and summary["predicted"] == 20
+    simulate.main([*common, "--out", str(tmp_path / "other"), "--shard", "0/3", "--k_user", "1"])
+    with pytest.raises(SystemExit, match=r"other inputs .*agent\.k_user"):
+        simulate.main(["--out", str(tmp_path / "mixed"), "--merge", shards[1], str(tmp_path / "other")])
 
 
 def test_simulate_slurm_dry_run_prints_shard_and_merge():

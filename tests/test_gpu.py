@@ -1,5 +1,5 @@
 """The hf backend on a CUDA device: what the CPU tests check, on the GPU (bf16 weights). Skipped, with
-its reason, where no CUDA device is present; bench/gpu_check.sh runs these on a GPU machine."""
+its reason, where no CUDA device is present; run them on a GPU machine with `pytest -m gpu`."""
 
 import re
 

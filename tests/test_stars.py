@@ -44,6 +44,16 @@ def test_candidates_by_hand():
     assert at(h, "nobody", "i1", 4)["user_median"] == pytest.approx(mu)
 
 
+def test_candidates_are_scored_as_delivered_within_one_to_five():
+    # others love what "grump" hates, and everyone hates "dud": mu + b_user + b_item falls below 1
+    ratings = [(f"o{k}", f"fan{k}", f"good{k % 3}", k, 5.0) for k in range(12)]
+    ratings += [(f"g{k}", "grump", f"good{k}", 20 + k, 1.0) for k in range(3)]
+    ratings += [(f"d{k}", f"fan{k}", "dud", 30 + k, 1.0) for k in range(4)]
+    unclipped = brute_force(ratings, "grump", "dud", 100, lam=1.0)[2]
+    assert unclipped < 1
+    assert at(History(ratings), "grump", "dud", 100)["bias_lambda1"] == 1.0
+
+
 def brute_force(ratings, user, item, t, shrink=3.0, lam=5.0):
     """The same statistics recomputed from scratch from the ratings strictly older than t."""
 

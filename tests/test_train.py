@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from data_prep import build, pairs, split
+from data_prep import build, fingerprint, pairs, split
 from data_prep.paths import REPO_ROOT
 from data_prep.store import to_epoch
 from train import sft
@@ -141,10 +141,9 @@ def test_training_sees_the_renderers_prompt_and_learns_only_completion_plus_eos(
 def test_max_length_comes_from_the_pairs_and_a_disagreeing_one_is_refused(tmp_path, tiny_model, amazon_pairs):
     with pytest.raises(SystemExit, match="fitted to 256 tokens .* but max_length is 40"):
         sft.build_trainer(["--config", str(recipe(tmp_path, tiny_model, amazon_pairs, max_length=40))])
-    with pytest.raises(SystemExit, match="but max_length is 1024"):  # a flag is as explicit as the YAML
-        sft.build_trainer(
-            ["--config", str(recipe(tmp_path, tiny_model, amazon_pairs)), "--max_length", "1024"]
-        )
+    for flag in (["--max_length", "1024"], ["--max-length", "1024"], ["--max_length=1024"]):
+        with pytest.raises(SystemExit, match="but max_length is 1024"):  # a flag is as explicit as the YAML
+            sft.build_trainer(["--config", str(recipe(tmp_path, tiny_model, amazon_pairs)), *flag])
 
 
 def test_an_example_without_supervised_tokens_is_an_error(tiny_model, amazon_pairs):
@@ -402,8 +401,13 @@ def test_wandb_offline_run_with_stable_id_and_generation_table(
         report_to=["wandb"],
     )
     sft.main(["--config", str(config)])
-    run_id = sft.stable_wandb_run_id(str(tmp_path / "out"))
-    assert run_id != sft.stable_wandb_run_id(str(tmp_path / "other"))
+    inputs = json.loads((tmp_path / "out" / "fingerprint.json").read_text())["inputs"]
+    run_id = sft.stable_wandb_run_id(str(tmp_path / "out"), fingerprint.digest(inputs))
+    # another folder, or the same folder started afresh from other inputs: another W&B run
+    assert run_id != sft.stable_wandb_run_id(str(tmp_path / "other"), fingerprint.digest(inputs))
+    assert run_id != sft.stable_wandb_run_id(
+        str(tmp_path / "out"), fingerprint.digest({**inputs, "pairs": "x"})
+    )
     runs = list((tmp_path / "wandb").rglob(f"offline-run-*-{run_id}"))
     assert len(runs) == 1
     tables = list(runs[0].rglob("sample_generations*.table.json"))

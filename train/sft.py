@@ -72,10 +72,11 @@ def parse(argv: list[str] | None = None):
 
 
 def explicit_keys(argv: list[str] | None) -> set[str]:
-    """The settings a recipe YAML or a flag gives explicitly (not left at their defaults)."""
+    """The settings a recipe YAML (``--config PATH``, as TrlParser takes it) or a flag gives explicitly,
+    not left at their defaults; flags in either spelling (--max_length, --max-length, --max_length=N)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    keys = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
-    if "--config" in argv:
+    keys = {a[2:].split("=")[0].replace("-", "_") for a in argv if a.startswith("--")}
+    if "--config" in argv[:-1]:
         keys |= set(yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text()) or {})
     return keys
 
@@ -145,23 +146,28 @@ def run_inputs(recipe: RecipeArguments, training_args, model_args) -> dict:
     }
 
 
-def check_fingerprint(recipe: RecipeArguments, training_args, model_args) -> None:
+def check_fingerprint(recipe: RecipeArguments, training_args, model_args) -> str:
     """Refuse to resume from checkpoints made from other inputs (unless --overwrite, which removes
-    them). The main process checks (and writes) first; the others then find its record."""
+    them). Every process reads the same record and reaches the same verdict (so all stop together);
+    then the main process alone removes and records. Returns the digest of the inputs."""
     from accelerate import PartialState
 
+    state = PartialState()
     output_dir = Path(training_args.output_dir)
-    with PartialState().main_process_first():
-        has_work = output_dir.is_dir() and (
-            any(output_dir.glob("checkpoint-*")) or (output_dir / "adapter_model.safetensors").exists()
-        )
-        inputs = run_inputs(recipe, training_args, model_args)
-        keep = fingerprint.check(output_dir, inputs, overwrite=recipe.overwrite, has_work=has_work)
-        if not keep and PartialState().is_main_process:
+    has_work = output_dir.is_dir() and (
+        any(output_dir.glob("checkpoint-*")) or (output_dir / "adapter_model.safetensors").exists()
+    )
+    inputs = run_inputs(recipe, training_args, model_args)
+    keep = fingerprint.verdict(output_dir, inputs, overwrite=recipe.overwrite, has_work=has_work)
+    state.wait_for_everyone()  # everyone has read the old record before it changes
+    if state.is_main_process:
+        if not keep:
             for path in output_dir.iterdir():
-                if path.name != fingerprint.FILE:
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
             print(f"--overwrite: removed the earlier run in {output_dir}")
+        fingerprint.record(output_dir, inputs)
+    state.wait_for_everyone()
+    return fingerprint.digest(inputs)
 
 
 def gradient_accumulation(global_batch: int, per_device: int, world_size: int) -> int:
@@ -196,9 +202,10 @@ def resume_point(explicit: str | None, output_dir: str) -> str | None:
     return last_complete_checkpoint(output_dir)
 
 
-def stable_wandb_run_id(output_dir: str) -> str:
-    """The same id for every (re)start of one run: a Slurm requeue or a manual restart resumes it."""
-    return hashlib.sha256(str(Path(output_dir).resolve()).encode()).hexdigest()[:16]
+def stable_wandb_run_id(output_dir: str, inputs_digest: str = "") -> str:
+    """The same id for every (re)start of one run (a Slurm requeue or a manual restart resumes it); a
+    run started afresh from other inputs (--overwrite) gets another."""
+    return hashlib.sha256(f"{Path(output_dir).resolve()}:{inputs_digest}".encode()).hexdigest()[:16]
 
 
 def load_pairs(recipe: RecipeArguments, tokenizer):
@@ -422,11 +429,11 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     training_args.gradient_accumulation_steps = gradient_accumulation(
         recipe.global_batch_size, training_args.per_device_train_batch_size, training_args.world_size
     )
-    check_fingerprint(recipe, training_args, model_args)
+    inputs_digest = check_fingerprint(recipe, training_args, model_args)
     resume = resume_point(training_args.resume_from_checkpoint, training_args.output_dir)
     if "wandb" in (training_args.report_to or []):
         os.environ.setdefault("WANDB_PROJECT", recipe.wandb_project)
-        os.environ.setdefault("WANDB_RUN_ID", stable_wandb_run_id(training_args.output_dir))
+        os.environ.setdefault("WANDB_RUN_ID", stable_wandb_run_id(training_args.output_dir, inputs_digest))
         os.environ.setdefault("WANDB_RESUME", "allow")
 
     from transformers import AutoTokenizer, set_seed
