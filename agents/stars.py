@@ -166,8 +166,11 @@ class PrequentialChoice:
         order = np.argsort(times, kind="stable")
         self.times = np.asarray(times)[order]
         self.names = list(errors)
-        matrix = np.stack([np.asarray(errors[n])[order] for n in self.names], axis=1)
-        self.cumulative = np.vstack([np.zeros(len(self.names)), np.cumsum(matrix, axis=0)])
+        # row k: the summed errors of the k oldest rows (row 0: none), built in place (large stores)
+        self.cumulative = np.zeros((len(order) + 1, len(self.names)))
+        for j, name in enumerate(self.names):
+            self.cumulative[1:, j] = np.asarray(errors[name])[order]
+        np.cumsum(self.cumulative, axis=0, out=self.cumulative)
         self.minimum, self.fallback = minimum, fallback
 
     def choose(self, times: np.ndarray) -> list[str]:
@@ -201,9 +204,10 @@ class StarModel:
         )
         predicted = h.candidates(h.u[rows], h.i[rows], h.ts[rows])
         truth = h.stars[rows]
-        self.choice = PrequentialChoice(
-            h.ts[rows], {n: errors(predicted.pop(n), truth) for n in list(predicted)}, min_validation, DEFAULT
-        )
+        for name in predicted:  # in place: these arrays are large on a big store
+            predicted[name] = errors(predicted[name], truth)
+        self.choice = PrequentialChoice(h.ts[rows], predicted, min_validation, DEFAULT)
+        del predicted
         self.blend: PrequentialChoice | None = None
         self.min_blend = min_blend
         scores = {n: round(1 - e, 4) for n, e in self.choice.mean_errors().items()}
