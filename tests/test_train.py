@@ -311,9 +311,10 @@ def test_two_process_data_parallel_run_through_accelerate(tmp_path, tiny_model, 
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=240,  # a rank stuck at exit (see sft.drop_ddp_wrapper) fails here, not after CI's limit
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "DDP wrapper is still referenced" not in result.stderr
     out = tmp_path / "out"
     assert len(list(out.rglob("adapter_model.safetensors"))) == 1  # one adapter, written once
     card = json.loads((out / "training_card.json").read_text())

@@ -500,8 +500,29 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
             print("warning: non-finite training loss; see training_card.json", file=sys.stderr)
     trainer.accelerator.print(f"saved the adapter and its card to {training_args.output_dir}")
     trainer.accelerator.wait_for_everyone()  # rank 0 wrote the card alone; leave together
+    if not drop_ddp_wrapper(trainer):
+        print(
+            "warning: the DDP wrapper is still referenced; the exit may hang (see drop_ddp_wrapper)",
+            file=sys.stderr,
+        )
     trainer.end()  # finish W&B, destroy the process group
     return trainer
+
+
+def drop_ddp_wrapper(trainer) -> bool:
+    """Free the DistributedDataParallel wrapper (and its gradient reducer) while the process group is
+    still registered. The reducer drops its reference to the group while holding the GIL; when that is
+    the group's last reference (at exit, after ``trainer.end()``), ``~ProcessGroupGloo`` waits for a
+    worker thread that waits for the GIL, and the process hangs (pytorch/pytorch#56297; seen here in
+    the two-process CPU test). Returns whether the wrapper is gone."""
+    import weakref
+
+    if trainer.model_wrapped is trainer.model:
+        return True
+    wrapper = weakref.ref(trainer.model_wrapped)
+    trainer.model_wrapped = trainer.model
+    trainer.accelerator.free_memory()  # its list of prepared models holds the wrapper too; collects
+    return wrapper() is None
 
 
 if __name__ == "__main__":
