@@ -40,6 +40,7 @@ from data_prep import fingerprint
 from data_prep.offline_models import resolve_model
 from data_prep.prompt import parse_completion, render_prompt
 from data_prep.provenance import provenance
+from train.batch import gradient_accumulation
 
 
 @dataclass
@@ -168,16 +169,6 @@ def check_fingerprint(recipe: RecipeArguments, training_args, model_args) -> str
         fingerprint.record(output_dir, inputs)
     state.wait_for_everyone()
     return fingerprint.digest(inputs)
-
-
-def gradient_accumulation(global_batch: int, per_device: int, world_size: int) -> int:
-    per_step = per_device * world_size
-    if global_batch % per_step:
-        raise ValueError(
-            f"global_batch_size {global_batch} is not a multiple of per_device_train_batch_size {per_device} "
-            f"x {world_size} processes"
-        )
-    return global_batch // per_step
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:
