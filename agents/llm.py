@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep.offline_models import resolve_model
+from data_prep.prompt import render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +139,13 @@ class LLMConfig:
     concurrency: int = 8
     timeout_s: float = 60.0
     max_retries: int = 5
+    # openai: the served model's tokenizer (hub id, folder or offline alias), so prompts are fitted to
+    # prompt_tokens exactly as the training pairs were; without it prompts are not fitted (a warning)
+    tokenizer: str | None = None
     # vllm
     gpu_memory_utilization: float = 0.85
+    tensor_parallel_size: int = 1  # GPUs one engine spans
+    max_model_len: int | None = None  # the engine's context (prompt + answer); None: the model's own
 
 
 class GrammarProcessor:
@@ -208,26 +214,21 @@ class HFBackend:
             self._grammars[constraint] = constraint.llguidance()
         return GrammarProcessor(self._lltokenizer, self._grammars[constraint], self.model.config.vocab_size)
 
+    def encode(self, conversations: list[list[dict]]):
+        """The token ids the model is fed: the chat template's text (it writes any BOS itself), left-padded."""
+        texts = [render_prompt(self.tokenizer, c) for c in conversations]
+        return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
     ) -> list[str]:
         import torch
 
         torch.manual_seed(sampling.seed)
-        texts = [
-            self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-            for c in conversations
-        ]
         outputs: list[str] = []
         self.cut_short = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(
-                texts[start : start + self.batch_size],
-                return_tensors="pt",
-                padding=True,
-                add_special_tokens=False,
-            )
-            batch = batch.to(self.model.device)
+        for start in range(0, len(conversations), self.batch_size):
+            batch = self.encode(conversations[start : start + self.batch_size]).to(self.model.device)
             kwargs = {"do_sample": sampling.temperature > 0}
             if sampling.temperature > 0:
                 kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
@@ -273,12 +274,22 @@ class VLLMBackend:
             rank = json.loads((Path(config.adapter) / "adapter_config.json").read_text())["r"]
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(rank))
             self.lora = LoRARequest("adapter", 1, str(config.adapter))
+        if config.max_model_len:
+            kwargs["max_model_len"] = config.max_model_len
         self.engine = LLM(
             model=resolve_model(config.model),
             gpu_memory_utilization=config.gpu_memory_utilization,
+            tensor_parallel_size=config.tensor_parallel_size,
             **kwargs,
         )
-        self.info = {"backend": "vllm", "model": config.model, "adapter": config.adapter}
+        self.tokenizer = self.engine.get_tokenizer()  # the engine's own: prompts fitted as in training
+        self.info = {
+            "backend": "vllm",
+            "model": config.model,
+            "adapter": config.adapter,
+            "tensor_parallel_size": config.tensor_parallel_size,
+            "max_model_len": config.max_model_len,
+        }
 
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
@@ -320,7 +331,22 @@ class OpenAIBackend:
             base_url=config.base_url, api_key=key, timeout=config.timeout_s, max_retries=config.max_retries
         )
         self.model, self.concurrency = config.model, config.concurrency
-        self.info = {"backend": "openai", "model": config.model, "base_url": config.base_url}  # never the key
+        self.tokenizer = None
+        if config.tokenizer:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.tokenizer))
+        else:
+            log.warning(
+                "no tokenizer for %s (set tokenizer: in the config): prompts are not fitted to prompt_tokens",
+                config.model,
+            )
+        self.info = {  # never the key
+            "backend": "openai",
+            "model": config.model,
+            "base_url": config.base_url,
+            "tokenizer": config.tokenizer,
+        }
         self.structured = True  # until the server refuses response_format
 
     def _one(

@@ -81,6 +81,18 @@ def render_prompt(tokenizer, messages: list[dict]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def training_prompt(tokenizer, messages: list[dict]) -> str:
+    """render_prompt as TRL must get it for training. TRL tokenizes a text prompt with the tokenizer's
+    special tokens; where the tokenizer adds BOS itself and the chat template also writes it (Llama 3),
+    the written one is dropped, so training sees one BOS, as the served prompt has (tested per
+    tokenizer family in tests/test_tokenization.py)."""
+    text = render_prompt(tokenizer, messages)
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]:
+        text = text[len(bos) :]
+    return text
+
+
 def count_tokens(tokenizer, messages: list[dict], completion: str = "") -> int:
     """Tokens of the rendered prompt plus, when given, the completion and EOS (as training sees them)."""
     text = render_prompt(tokenizer, messages) + (completion + tokenizer.eos_token if completion else "")

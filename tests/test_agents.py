@@ -155,6 +155,31 @@ def test_openai_backend_asks_for_a_json_schema_and_falls_back_where_the_server_h
     assert "response_format" not in Scripted.bodies[-1]
 
 
+def test_a_remote_model_gets_prompts_fitted_with_its_own_tokenizer(
+    server, monkeypatch, yelp_store, yelp_tasks
+):
+    """With tokenizer: in the config the openai backend fits prompts to prompt_tokens as the training
+    pairs were fitted; without one it cannot, and says so."""
+    from data_prep.prompt import count_tokens
+
+    monkeypatch.setenv("TEST_LLM_KEY", "k")
+    store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
+    config = AgentConfig(kind="retrieval-llm", retrieval="bm25", k_user=8, k_item=8, prompt_tokens=300)
+    remote = {"backend": "openai", "model": "m", "base_url": server, "api_key_env": "TEST_LLM_KEY"}
+    tasks = tasks_with_dates(yelp_tasks)[:4]
+    fitted = ReviewAgent(config, LLMConfig(**remote, tokenizer="smollm2-135m-instruct-offline"), store)
+    fitted.predict(tasks)
+    tokenizer = fitted.tokenizer
+    assert tokenizer is not None and all(
+        count_tokens(tokenizer, b["messages"]) <= 300 for b in Scripted.bodies
+    )
+    Scripted.bodies = []
+    unfitted = ReviewAgent(config, LLMConfig(**remote), store)
+    assert unfitted.tokenizer is None
+    unfitted.predict(tasks)
+    assert max(count_tokens(tokenizer, b["messages"]) for b in Scripted.bodies) > 300  # the budget bites
+
+
 def test_openai_backend_needs_its_key(monkeypatch):
     monkeypatch.delenv("NO_SUCH_KEY", raising=False)
     with pytest.raises(SystemExit, match="NO_SUCH_KEY"):
@@ -642,6 +667,9 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
         def __init__(self, **kwargs):
             seen["engine"] = kwargs
 
+        def get_tokenizer(self):
+            return "the engine's tokenizer"
+
         def chat(self, conversations, params, lora_request=None, use_tqdm=True):
             seen.update(params=params, lora=lora_request)
 
@@ -669,7 +697,17 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text('{"r": 12}')
-    backend = load_llm(LLMConfig(backend="vllm", model="org/model", adapter=str(adapter)))
+    backend = load_llm(
+        LLMConfig(
+            backend="vllm",
+            model="org/model",
+            adapter=str(adapter),
+            tensor_parallel_size=2,
+            max_model_len=4096,
+        )
+    )
+    assert backend.tokenizer == "the engine's tokenizer"  # prompts are fitted with it, as in training
+    assert seen["engine"]["tensor_parallel_size"] == 2 and seen["engine"]["max_model_len"] == 4096
     out = backend.generate(
         [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b..."}]], Sampling(7, 0.0, seed=3)
     )

@@ -38,7 +38,7 @@ import yaml
 
 from data_prep import fingerprint
 from data_prep.offline_models import resolve_model
-from data_prep.prompt import parse_completion, render_prompt
+from data_prep.prompt import parse_completion, training_prompt
 from data_prep.provenance import provenance
 from train.batch import gradient_accumulation
 
@@ -199,32 +199,37 @@ def stable_wandb_run_id(output_dir: str, inputs_digest: str = "") -> str:
     return hashlib.sha256(f"{Path(output_dir).resolve()}:{inputs_digest}".encode()).hexdigest()[:16]
 
 
+def trl_example(tokenizer, example: dict) -> dict:
+    """One pair as TRL's text prompt/completion: the prompt rendered by the shared renderer (one BOS,
+    as served), the completion as written (TRL appends EOS), so the loss covers exactly the completion
+    plus EOS and the prompt's token ids are those the agents feed the model."""
+    return {
+        "prompt": training_prompt(tokenizer, example["prompt"]),
+        "completion": example["completion"][0]["content"],
+    }
+
+
 def load_pairs(recipe: RecipeArguments, tokenizer):
-    """The pairs as TRL's text prompt/completion: the prompt rendered by the shared renderer, the
-    completion as written (TRL appends EOS), so the loss covers exactly the completion plus EOS."""
     from datasets import load_from_disk
 
     data = load_from_disk(str(Path(recipe.pairs) / "dataset"))
-
-    def to_text(example):
-        return {
-            "prompt": render_prompt(tokenizer, example["prompt"]),
-            "completion": example["completion"][0]["content"],
-        }
-
     out = {}
     for split, limit in (("train", recipe.max_train_examples), ("validation", recipe.max_eval_examples)):
         part = data[split].select(range(min(limit, len(data[split])))) if limit else data[split]
-        out[split] = part.map(to_text, remove_columns=part.column_names, desc=f"rendering {split}")
+        out[split] = part.map(
+            lambda example: trl_example(tokenizer, example),
+            remove_columns=part.column_names,
+            desc=f"rendering {split}",
+        )
     return out
 
 
 def check_supervision(texts, tokenizer, max_length: int | None) -> None:
     """An example whose prompt alone fills max_length has no supervised token left: an error (TRL
-    would drop it silently)."""
+    would drop it silently). Tokenized as TRL does, with the tokenizer's special tokens."""
     if not max_length:
         return
-    lengths = [len(ids) for ids in tokenizer(list(texts["prompt"]), add_special_tokens=False)["input_ids"]]
+    lengths = [len(ids) for ids in tokenizer(list(texts["prompt"]))["input_ids"]]
     full = [i for i, n in enumerate(lengths) if n >= max_length]
     if full:
         raise ValueError(
@@ -252,9 +257,8 @@ class SampleGenerations:
         was_training = model.training
         model.eval()
         for example in self.examples:
-            inputs = self.tokenizer(example["prompt"], return_tensors="pt", add_special_tokens=False).to(
-                model.device
-            )
+            # tokenized as TRL tokenizes the training prompt (with the tokenizer's special tokens)
+            inputs = self.tokenizer(example["prompt"], return_tensors="pt").to(model.device)
             with torch.no_grad():
                 output = model.generate(
                     **inputs,
