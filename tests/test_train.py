@@ -367,3 +367,53 @@ def test_wandb_offline_run_with_stable_id_and_generation_table(
     assert tables and "generated" in tables[0].read_text()
     samples = [json.loads(line) for line in (tmp_path / "out" / "samples" / "step_2.jsonl").open()]
     assert len(samples) == 1 and samples[0]["truth"].startswith("stars: ")
+
+
+def test_peft_under_zero3_gets_reentrant_checkpointing_in_the_field_transformers_reads(
+    tmp_path, tiny_model, amazon_pairs, monkeypatch
+):
+    """DeepSpeed is not installed here, so the ZeRO-3 plugin is a stand-in on the parsed arguments;
+    TRL's own workaround runs on it (and writes the deprecated field only); the Trainer reads
+    activation_checkpointing_kwargs when it turns checkpointing on."""
+    import types
+
+    parse = sft.parse
+
+    def parse_under_zero3(argv):
+        recipe_args, training_args, model_args = parse(argv)
+        training_args.deepspeed_plugin = types.SimpleNamespace(zero_stage=3)
+        return recipe_args, training_args, model_args
+
+    monkeypatch.setattr(sft, "parse", parse_under_zero3)
+    from transformers import Trainer
+
+    make_accelerator = Trainer.create_accelerator_and_postprocess
+
+    def without_the_stand_in(self):  # TRL's check has run; the accelerator needs the real DeepSpeed
+        self.args.deepspeed_plugin = None
+        return make_accelerator(self)
+
+    monkeypatch.setattr(Trainer, "create_accelerator_and_postprocess", without_the_stand_in)
+    config = recipe(tmp_path, tiny_model, amazon_pairs, activation_checkpointing=True)
+    trainer, *_ = sft.build_trainer(["--config", str(config)])
+    assert trainer.args.activation_checkpointing_kwargs == {"use_reentrant": True}
+    trainer, *_ = sft.build_trainer(["--config", str(config), "--use_peft", "false", "--overwrite", "true"])
+    assert not trainer.args.activation_checkpointing_kwargs  # full fine-tuning: left to the defaults
+
+
+def test_qlora_loads_one_whole_copy_per_process_and_stores_4bit_in_the_compute_dtype_when_sharded(
+    tmp_path, tiny_model, amazon_pairs
+):
+    import types
+
+    _, training_args, model_args = sft.parse(
+        ["--config", str(recipe(tmp_path, tiny_model, amazon_pairs, load_in_4bit=True))]
+    )
+    model = sft.load_model(str(tiny_model), model_args, training_args)
+    assert model.is_loaded_in_4bit and {p.device.type for p in model.parameters()} == {"cpu"}
+    assert model_args.bnb_4bit_quant_storage is None  # one process: bitsandbytes' default storage
+    sharded = types.SimpleNamespace(distributed_type="FSDP")
+    training_args.__dict__["distributed_state"] = sharded  # what accelerate reports under FSDP
+    model = sft.load_model(str(tiny_model), model_args, training_args)
+    assert model_args.bnb_4bit_quant_storage == "float32"  # the recipe's compute dtype
+    assert model.config.quantization_config.bnb_4bit_quant_storage == torch.float32

@@ -239,8 +239,15 @@ def check_supervision(texts, tokenizer, max_length: int | None) -> None:
 
 
 class SampleGenerations:
-    """At each evaluation (main process only): greedy generations for a few validation prompts next to
-    the truth, written to output_dir/samples/step_N.jsonl and logged to W&B as a table when W&B is on."""
+    """At each evaluation: greedy generations for a few validation prompts next to the truth, written
+    to output_dir/samples/step_N.jsonl and logged to W&B as a table when W&B is on.
+
+    Every process generates and only the main one writes: with sharded weights (FSDP, ZeRO-3) each
+    decoding step gathers the shards from all ranks, so a rank-0-only ``generate`` waits forever for the
+    others. ``synced_gpus`` keeps the ranks stepping together until all are done (transformers turns
+    it on by itself for ZeRO-3 but not for an FSDP2 model); under DDP the other ranks would wait for
+    rank 0 anyway. The Trainer registers ``generate`` as an FSDP2 forward method, so the root's own
+    parameters are gathered too."""
 
     def __init__(self, tokenizer, examples: list[dict], output_dir: str, max_new_tokens: int = 128):
         self.tokenizer, self.examples, self.output_dir, self.max_new_tokens = (
@@ -250,9 +257,11 @@ class SampleGenerations:
             max_new_tokens,
         )
 
-    def __call__(self, model, step: int) -> list[dict]:
+    def __call__(self, model, step: int, write: bool = True) -> list[dict]:
         import torch
+        import torch.distributed as dist
 
+        synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         rows = []
         was_training = model.training
         model.eval()
@@ -265,6 +274,7 @@ class SampleGenerations:
                     max_new_tokens=self.max_new_tokens,
                     do_sample=False,
                     pad_token_id=self.tokenizer.pad_token_id,
+                    synced_gpus=synced,
                 )
             text = self.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
             stars, _ = parse_completion(text)
@@ -279,6 +289,8 @@ class SampleGenerations:
                 }
             )
         model.train(was_training)
+        if not write:
+            return rows
         folder = Path(self.output_dir) / "samples"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"step_{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -293,13 +305,49 @@ class SampleGenerations:
         return rows
 
 
+def check_saved_adapter(folder: str | Path, model) -> int:
+    """The adapter in ``folder`` reloads and holds every LoRA matrix of ``model`` at its full shape:
+    (r, in_features) and (out_features, r), from each LoRA layer's own record, which sharding (FSDP,
+    ZeRO-3) does not change. A sharded save that wrote nothing, shards or empty tensors fails here, not
+    at inference. Returns the number of tensors."""
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import load_peft_weights
+
+    path = Path(folder) / "adapter_model.safetensors"
+    if not path.exists():
+        raise RuntimeError(
+            f"{path} was not written (an FSDP run saves an adapter only with fsdp_state_dict_type: "
+            "FULL_STATE_DICT, as in configs/accelerate/fsdp.yaml)"
+        )
+    saved = {k: tuple(v.shape) for k, v in load_peft_weights(str(folder), device="cpu").items()}
+    expected = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            for adapter, r in module.r.items():
+                if adapter in module.lora_A:
+                    expected[f"{name}.lora_A.weight"] = (r, module.in_features)
+                    expected[f"{name}.lora_B.weight"] = (module.out_features, r)
+    if saved != expected:
+        missing = sorted(set(expected) - set(saved))[:3]
+        wrong = sorted(k for k in set(saved) & set(expected) if saved[k] != expected[k])[:3]
+        raise RuntimeError(
+            f"{path} does not hold the full adapter: {len(saved)} tensors saved, {len(expected)} expected; "
+            f"missing {missing}, wrong shapes {[(k, saved[k], expected[k]) for k in wrong]}"
+        )
+    return len(saved)
+
+
 def make_callback(sampler: SampleGenerations):
     from transformers import TrainerCallback
 
     class Callback(TrainerCallback):
         def on_evaluate(self, args, state, control, model=None, **kwargs):
-            if state.is_world_process_zero and model is not None and sampler.examples:
-                sampler(model, state.global_step)
+            if model is not None and sampler.examples:  # on every rank (see SampleGenerations)
+                sampler(model, state.global_step, write=state.is_world_process_zero)
+
+        def on_save(self, args, state, control, model=None, **kwargs):
+            if state.is_world_process_zero and model is not None:
+                check_saved_adapter(Path(args.output_dir) / f"checkpoint-{state.global_step}", model)
 
     return Callback()
 
@@ -363,6 +411,7 @@ def write_card(output_dir: str, recipe, training_args, model_args, base: str, tr
         "steps": trainer.state.global_step,
         "throughput": throughput(trainer),
         "final_train_loss": train_points[-1][1] if train_points else None,
+        "train_losses": [loss for _, loss in train_points],
         "final_eval_loss": eval_points[-1][1] if eval_points else None,
         "provenance": provenance(
             ["torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes"]
@@ -408,6 +457,51 @@ def write_training_data(output_dir: str, recipe: RecipeArguments) -> None:
     (Path(output_dir) / "training_data.json").write_text(json.dumps(record))
 
 
+def load_model(base: str, model_args, training_args):
+    """The base model, loaded here rather than by TRL so that QLoRA gets one whole copy per process on
+    that process's device (TRL passes device_map=None under DDP and DeepSpeed, and "auto" otherwise,
+    which under FSDP would spread one copy over all of a node's GPUs). Under sharding (FSDP, ZeRO-3)
+    the 4-bit weights are stored in the compute dtype (bnb_4bit_quant_storage) so that they can be
+    flattened and sharded with the rest."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl import get_quantization_config
+
+    dtype = model_args.dtype or "auto"
+    init = {
+        "revision": model_args.model_revision,
+        "dtype": getattr(torch, dtype) if dtype != "auto" else dtype,
+        "trust_remote_code": training_args.trust_remote_code,
+    }
+    if model_args.attn_implementation:
+        init["attn_implementation"] = model_args.attn_implementation
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        sharded = training_args.distributed_state.distributed_type in ("FSDP", "DEEPSPEED")
+        if sharded and model_args.load_in_4bit and not model_args.bnb_4bit_quant_storage:
+            model_args.bnb_4bit_quant_storage = dtype if dtype != "auto" else "bfloat16"
+        init["quantization_config"] = get_quantization_config(model_args)
+        device = training_args.device
+        init["device_map"] = {"": device.index if device.type == "cuda" else device.type}
+    init.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = None  # used here; TRL ignores it for a loaded model
+    return AutoModelForCausalLM.from_pretrained(base, **init)
+
+
+def reentrant_checkpointing_for_zero3(training_args, model_args) -> bool:
+    """PEFT + DeepSpeed ZeRO-3 + activation checkpointing needs reentrant checkpointing (otherwise:
+    "Recomputed values ... have different metadata"). TRL 1.16 asks for it in the deprecated
+    gradient_checkpointing_kwargs, which transformers 5.23 no longer reads; this sets the current field.
+    Returns whether it did."""
+    plugin = training_args.deepspeed_plugin
+    if not (model_args.use_peft and plugin is not None and plugin.zero_stage == 3):
+        return False
+    if not training_args.activation_checkpointing:
+        return False
+    kwargs = dict(training_args.activation_checkpointing_kwargs or {})
+    training_args.activation_checkpointing_kwargs = {**kwargs, "use_reentrant": True}
+    return True
+
+
 def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     """Everything up to training: configuration, data, model, trainer (checked). Returns
     (trainer, tokenizer, recipe, training_args, model_args, base, resume)."""
@@ -432,7 +526,7 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
         os.environ.setdefault("WANDB_RESUME", "allow")
 
     from transformers import AutoTokenizer, set_seed
-    from trl import SFTTrainer, get_peft_config, get_quantization_config
+    from trl import SFTTrainer, get_peft_config
 
     set_seed(training_args.seed)
 
@@ -445,30 +539,29 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     check_supervision(data["train"], tokenizer, training_args.max_length)
 
     # -- model -----------------------------------------------------------------------------------------
-    quantization = get_quantization_config(model_args)
-    init = {
-        "revision": model_args.model_revision,
-        "dtype": model_args.dtype or "auto",
-        "trust_remote_code": training_args.trust_remote_code,
-    }
-    if model_args.attn_implementation:
-        init["attn_implementation"] = model_args.attn_implementation
-    training_args.model_init_kwargs = {**init, **(training_args.model_init_kwargs or {})}
+    model = load_model(base, model_args, training_args)
+    reentrant_checkpointing_for_zero3(training_args, model_args)
     sampler = SampleGenerations(
         tokenizer,
         [data["validation"][i] for i in range(min(recipe.sample_generations, len(data["validation"])))],
         training_args.output_dir,
     )
     trainer = SFTTrainer(
-        model=base,
+        model=model,
         args=training_args,
         train_dataset=data["train"],
         eval_dataset=data["validation"] if training_args.eval_strategy != "no" else None,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
-        quantization_config=quantization,
         callbacks=[make_callback(sampler), *(callbacks or [])],
     )
+    if trainer.is_fsdp_enabled:
+        state_dict_type = str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
+        if "FULL_STATE_DICT" not in state_dict_type:
+            raise SystemExit(
+                f"error: FSDP with {state_dict_type} saves no adapter (transformers' save_model writes one only "
+                "for FULL_STATE_DICT): set fsdp_state_dict_type: FULL_STATE_DICT in the accelerate config"
+            )
     return trainer, tokenizer, recipe, training_args, model_args, base, resume
 
 
@@ -481,8 +574,9 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
     trainer.train(resume_from_checkpoint=resume)
 
     # -- save: adapter, tokenizer + chat template, generation config, card -------------------------------
-    trainer.save_model(training_args.output_dir)
+    trainer.save_model(training_args.output_dir)  # on every rank: gathering a sharded model is collective
     if trainer.is_world_process_zero():
+        check_saved_adapter(training_args.output_dir, trainer.model)
         tokenizer.save_pretrained(training_args.output_dir)
         generation = trainer.model.generation_config
         generation.eos_token_id = tokenizer.eos_token_id  # the chat template's end of turn

@@ -1,0 +1,41 @@
+"""FSDP2 on two CPU processes (gloo): the sample generations do not hang and the saved adapter is
+whole and reloads. What tests/fsdp_worker.py drives is torch's FSDP2 and PEFT as the Trainer and
+accelerate use them, plus train.sft's callback and check; it does not cover accelerate's FSDP plugin
+(GPU-only), NCCL, mixed precision or DeepSpeed ZeRO-3 (bench/gpu_check.sh runs the plugin on a GPU)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from data_prep.paths import REPO_ROOT
+
+
+@pytest.mark.slow
+def test_fsdp2_generates_on_every_rank_and_saves_a_full_adapter(tmp_path, tiny_model):
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    with socket.socket() as probe:  # a free port (torchrun's static rendezvous does not take port 0)
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+    try:  # a rank that waits for a collective the other never joins hangs: a timeout fails the test
+        result = subprocess.run(
+            [*command, str(REPO_ROOT / "tests" / "fsdp_worker.py"), str(tiny_model), str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"the two FSDP2 processes did not finish in 240 s (a rank hung): {error.stderr}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["sharded"] == "DTensor"
+    samples = (tmp_path / "samples" / "step_1.jsonl").read_text().splitlines()  # rank 0 wrote, once
+    assert len(samples) == 1 and json.loads(samples[0])["generated"]
+    assert "was not written" in ranks[0]["naive_check_error"]  # a rank-0 save of the shards is caught
+    assert ranks[0]["checked_tensors"] == 2 * 2 * 2  # 2 layers x (q, v) x (A, B), at full shapes
+    assert ranks[0]["lora_b_norm"] > 0 and ranks[0]["reloaded_equal"]
