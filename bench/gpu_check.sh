@@ -17,7 +17,8 @@
 #   3. bf16 LoRA through `accelerate launch` with configs/accelerate/multi_gpu_ddp.yaml, one process;
 #   4. the same with configs/accelerate/fsdp.yaml (FSDP2, full state dict), one process;
 #   5. the DDP run's adapter reloaded through the hf agent backend, one batched generation.
-# Everything goes to .gpu_check/ (logs/ per run) and gpu_check.json ($OUT/ too when set). The command
+# Everything goes to .gpu_check/run/ (runs/gpu_check_cpu/ with --cpu): logs/ per run, results.jsonl and
+# gpu_check.json ($OUT/ too when set). The command
 # that runs it on the borrowed machine is in bench/README.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,17 +50,23 @@ if [[ $MODE == prepare ]]; then
     $PY -m data_prep.build --source amazon2018 --input "$RAW/amazon2018_5core_small" --out "$WORK/data" --overwrite
     $PY -m data_prep.split --data "$WORK/data" --out "$WORK/tasks" --min-history 2 --max-tasks 50 --seed 0 --overwrite
     $PY -m data_prep.pairs --data "$WORK/data" --tasks "$WORK/tasks" --out "$WORK/pairs" --k-user 2 --k-item 1 \
-        --max-tokens 256 --max-examples 1100 --tokenizer "$WORK/model"
-    rm -rf "$WORK/data" "$WORK/tasks"  # the pairs are all the check needs
-    size=$(du -sb "$WORK" "$WHEELS" | awk '{s += $1} END {print s}')
+        --max-tokens 256 --max-examples 1000 --tokenizer "$WORK/model"
+    rm -rf "$WORK/data" "$WORK/tasks" "$WORK/pairs/dataset"  # train.sft reads the pairs' JSONL files
+    # what travels: the carried folders plus the working tree (tracked and untracked-not-ignored files)
+    carried=$(du -sb "$WORK" "$WHEELS" | awk '{s += $1} END {print s}')
+    tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -b 2>/dev/null | awk '{s += $1} END {print s}')
     ls -l "$WHEELS"
-    echo "prepared $WORK and $WHEELS: $((size / 1024 / 1024)) MiB in all (limit $LIMIT_MIB MiB)"
-    (( size < LIMIT_MIB * 1024 * 1024 )) || { echo "error: over $LIMIT_MIB MiB" >&2; exit 1; }
+    awk -v c="$carried" -v t="$tree" -v l="$LIMIT_MIB" 'BEGIN {
+        printf "prepared: carried %.1f MiB + working tree %.1f MiB = %.1f MiB (limit %d MiB)\n",
+               c / 2^20, t / 2^20, (c + t) / 2^20, l; exit !(c + t < l * 2^20) }' \
+        || { echo "error: over $LIMIT_MIB MiB: carry less" >&2; exit 1; }
     exit 0
 fi
 
 [[ -d "$WORK/model" && -d "$WORK/pairs" ]] || { echo "error: run bash bench/gpu_check.sh --prepare first" >&2; exit 2; }
-export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false USERSIM_CACHE=$PWD/$WORK/cache
+export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
+RUN=$WORK/run  # on the GPU machine; the CPU smoke run writes outside what is carried
+[[ $MODE == cpu ]] && RUN=runs/gpu_check_cpu
 if [[ $MODE == gpu ]]; then
     PY=${PY:-python3}
     START=$SECONDS
@@ -68,51 +75,56 @@ if [[ $MODE == gpu ]]; then
     export PYTHONPATH=$PWD/$WORK/site:$PWD
     echo "installed the carried wheels in $((SECONDS - START)) s"
     $PY -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print("GPU:", torch.cuda.get_device_name(0))' || exit 1
-    DEVICE=(--use_cpu false --bf16 true --dtype bfloat16)
+    DEVICE=(--use_cpu false --bf16 true --dtype bfloat16 --per_device_train_batch_size 16 --global_batch_size 16
+            --per_device_eval_batch_size 16 --max_eval_examples 64)
     BACKEND_DEVICE=cuda
+    QLORA_MODEL=$WORK/model
 else
     PY=.venv/bin/python
-    DEVICE=(--use_cpu true --bf16 false --dtype float32)
+    # the logits over SmolLM2's 49k-token vocabulary dominate on a CPU: smaller batches
+    DEVICE=(--use_cpu true --bf16 false --dtype float32 --per_device_train_batch_size 4 --global_batch_size 4
+            --per_device_eval_batch_size 8 --max_eval_examples 16)
     BACKEND_DEVICE=cpu
+    QLORA_MODEL=$RUN/model-cpu64  # bitsandbytes' CPU 4-bit kernel needs in_features a multiple of 64
+    [[ -d $QLORA_MODEL ]] || $PY -m bench.gpu_check model "$QLORA_MODEL" --hidden 64
 fi
-rm -rf "$WORK/out" "$WORK/logs" "$WORK/results.jsonl"
-mkdir -p "$WORK/out" "$WORK/logs"
+rm -rf "$RUN/out" "$RUN/logs" "$RUN/results.jsonl"
+mkdir -p "$RUN/out" "$RUN/logs"
 COMMON=(--config configs/sft/smollm2_cpu.yaml --model_name_or_path "$WORK/model" --pairs "$WORK/pairs"
-        "${DEVICE[@]}" --per_device_train_batch_size 16 --per_device_eval_batch_size 16 --global_batch_size 16
-        --max_steps 30 --logging_steps 5 --eval_strategy steps --eval_steps 10 --max_eval_examples 64
+        "${DEVICE[@]}" --max_steps 30 --logging_steps 5 --eval_strategy steps --eval_steps 10
         --save_strategy steps --save_steps 10 --save_total_limit 2 --sample_generations 2 --report_to none)
 
 # run NAME STEPS [RESUMED_FROM] -- COMMAND...: runs it with its log, then checks the run folder
 run() {
     local name=$1 steps=$2 resumed=$3; shift 4
-    local log=$WORK/logs/$name.log
+    local log=$RUN/logs/$name.log
     echo "== $name"
     "$@" > "$log" 2>&1
     local rc=$?
     tail -n 3 "$log"
-    $PY -m bench.gpu_check check "$name" "$WORK/out/${name%-resumed}" --rc $rc --steps "$steps" --log "$log" \
-        ${resumed:+--resumed-from "$resumed"} >> "$WORK/results.jsonl"
+    $PY -m bench.gpu_check check "$name" "$RUN/out/${name%-resumed}" --rc $rc --steps "$steps" --log "$log" \
+        ${resumed:+--resumed-from "$resumed"} >> "$RUN/results.jsonl"
 }
 
-QLORA=(--load_in_4bit true --use_bnb_nested_quant true --lora_target_modules all-linear --activation_checkpointing true)
-run qlora 30 "" -- $PY -m train.sft "${COMMON[@]}" "${QLORA[@]}" --output_dir "$WORK/out/qlora"
-rm -rf "$WORK/out/qlora/checkpoint-30"  # as if stopped after step 20's checkpoint
-run qlora-resumed 30 "$WORK/out/qlora/checkpoint-20" -- \
-    $PY -m train.sft "${COMMON[@]}" "${QLORA[@]}" --output_dir "$WORK/out/qlora"
+QLORA=(--model_name_or_path "$QLORA_MODEL" --load_in_4bit true --use_bnb_nested_quant true --lora_target_modules all-linear --activation_checkpointing true)
+run qlora 30 "" -- $PY -m train.sft "${COMMON[@]}" "${QLORA[@]}" --output_dir "$RUN/out/qlora"
+rm -rf "$RUN/out/qlora/checkpoint-30"  # as if stopped after step 20's checkpoint
+run qlora-resumed 30 "$RUN/out/qlora/checkpoint-20" -- \
+    $PY -m train.sft "${COMMON[@]}" "${QLORA[@]}" --output_dir "$RUN/out/qlora"
 
 LAUNCH=($PY -m accelerate.commands.launch --num_processes 1 --num_machines 1)
 run lora-ddp 30 "" -- "${LAUNCH[@]}" --config_file configs/accelerate/multi_gpu_ddp.yaml \
-    -m train.sft "${COMMON[@]}" --output_dir "$WORK/out/lora-ddp"
+    -m train.sft "${COMMON[@]}" --output_dir "$RUN/out/lora-ddp"
 if [[ $MODE == gpu ]]; then
     run lora-fsdp 30 "" -- "${LAUNCH[@]}" --config_file configs/accelerate/fsdp.yaml \
-        -m train.sft "${COMMON[@]}" --output_dir "$WORK/out/lora-fsdp"
+        -m train.sft "${COMMON[@]}" --output_dir "$RUN/out/lora-fsdp"
 else
     echo "== lora-fsdp: skipped on the CPU (accelerate enables FSDP only on GPUs; tests/test_fsdp.py covers FSDP2 on gloo)"
 fi
 echo "== hf backend"
-$PY -m bench.gpu_check backend "$WORK/model" "$WORK/out/lora-ddp" --device $BACKEND_DEVICE >> "$WORK/results.jsonl"
+$PY -m bench.gpu_check backend "$WORK/model" "$RUN/out/lora-ddp" --device $BACKEND_DEVICE >> "$RUN/results.jsonl"
 
-$PY -m bench.gpu_check report "$WORK/results.jsonl" "$WORK/gpu_check.json" --mode $MODE
+$PY -m bench.gpu_check report "$RUN/results.jsonl" "$RUN/gpu_check.json" --mode $MODE
 status=$?
-[[ -n "${OUT:-}" ]] && cp "$WORK/gpu_check.json" "$WORK/results.jsonl" "$OUT/" && cp -r "$WORK/logs" "$OUT/"
+[[ -n "${OUT:-}" ]] && cp "$RUN/gpu_check.json" "$RUN/results.jsonl" "$OUT/" && cp -r "$RUN/logs" "$OUT/"
 exit $status

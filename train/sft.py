@@ -210,12 +210,13 @@ def trl_example(tokenizer, example: dict) -> dict:
 
 
 def load_pairs(recipe: RecipeArguments, tokenizer):
-    from datasets import load_from_disk
+    """The pairs' train.jsonl and validation.jsonl (the files the run's fingerprint hashes), rendered."""
+    from datasets import Dataset
 
-    data = load_from_disk(str(Path(recipe.pairs) / "dataset"))
     out = {}
     for split, limit in (("train", recipe.max_train_examples), ("validation", recipe.max_eval_examples)):
-        part = data[split].select(range(min(limit, len(data[split])))) if limit else data[split]
+        data = Dataset.from_json(str(Path(recipe.pairs) / f"{split}.jsonl"))
+        part = data.select(range(min(limit, len(data)))) if limit else data
         out[split] = part.map(
             lambda example: trl_example(tokenizer, example),
             remove_columns=part.column_names,
