@@ -6,7 +6,7 @@
 #                                       # .gpu_check/ (a tiny random Llama with SmolLM2's tokenizer, ~1,000
 #                                       # pairs); refuses if the two together pass 64 MiB
 #   bash bench/gpu_check.sh             # there (carry .whl and .gpu_check): installs the wheels with
-#                                       # --no-index into .gpu_check/site, runs the checks, < 8 min
+#                                       # --no-index into .gpu_check/site, runs the checks (meant to take well under 8 min)
 #   bash bench/gpu_check.sh --cpu       # a smoke run here: the same checks on the CPU, skipping the
 #                                       # CUDA-only ones (bf16, FSDP: accelerate enables FSDP only on GPUs)
 #
@@ -74,6 +74,9 @@ if [[ $MODE == gpu ]]; then
         || { echo "FAIL  installing the carried wheels" >&2; exit 1; }
     export PYTHONPATH=$PWD/$WORK/site:$PWD
     echo "installed the carried wheels in $((SECONDS - START)) s"
+    $PY -c 'import importlib.metadata as m, transformers, trl, peft, bitsandbytes, datasets, accelerate, torch
+print("versions:", ", ".join(f"{p} {m.version(p)}" for p in ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "datasets")))' \
+        || { echo "FAIL  importing the training stack" >&2; exit 1; }
     $PY -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print("GPU:", torch.cuda.get_device_name(0))' || exit 1
     DEVICE=(--use_cpu false --bf16 true --dtype bfloat16 --per_device_train_batch_size 16 --global_batch_size 16
             --per_device_eval_batch_size 16 --max_eval_examples 64)
@@ -94,16 +97,23 @@ COMMON=(--config configs/sft/smollm2_cpu.yaml --model_name_or_path "$WORK/model"
         "${DEVICE[@]}" --max_steps 30 --logging_steps 5 --eval_strategy steps --eval_steps 10
         --save_strategy steps --save_steps 10 --save_total_limit 2 --sample_generations 2 --report_to none)
 
-# run NAME STEPS [RESUMED_FROM] -- COMMAND...: runs it with its log, then checks the run folder
+STEP_TIMEOUT=${STEP_TIMEOUT:-150}  # seconds per run: a hang fails that check, the others still report
+[[ $MODE == cpu ]] && STEP_TIMEOUT=${STEP_TIMEOUT_CPU:-400}
+# results so far into $OUT after every step, so a command stopped from outside still returns them
+save() { [[ -n "${OUT:-}" ]] && cp "$RUN/results.jsonl" "$OUT/" && cp -r "$RUN/logs" "$OUT/"; return 0; }
+
+# run NAME STEPS [RESUMED_FROM] -- COMMAND...: runs it with its log and a time limit, checks the run folder
 run() {
     local name=$1 steps=$2 resumed=$3; shift 4
     local log=$RUN/logs/$name.log
     echo "== $name"
-    "$@" > "$log" 2>&1
+    timeout --kill-after=15 "$STEP_TIMEOUT" "$@" > "$log" 2>&1
     local rc=$?
+    (( rc == 124 || rc == 137 )) && echo "stopped after $STEP_TIMEOUT s (STEP_TIMEOUT)" >> "$log"
     tail -n 3 "$log"
     $PY -m bench.gpu_check check "$name" "$RUN/out/${name%-resumed}" --rc $rc --steps "$steps" --log "$log" \
         ${resumed:+--resumed-from "$resumed"} >> "$RUN/results.jsonl"
+    save
 }
 
 QLORA=(--model_name_or_path "$QLORA_MODEL" --load_in_4bit true --use_bnb_nested_quant true --lora_target_modules all-linear --activation_checkpointing true)
@@ -122,9 +132,11 @@ else
     echo "== lora-fsdp: skipped on the CPU (accelerate enables FSDP only on GPUs; tests/test_fsdp.py covers FSDP2 on gloo)"
 fi
 echo "== hf backend"
-$PY -m bench.gpu_check backend "$WORK/model" "$RUN/out/lora-ddp" --device $BACKEND_DEVICE >> "$RUN/results.jsonl"
+timeout --kill-after=15 "$STEP_TIMEOUT" $PY -m bench.gpu_check backend "$WORK/model" "$RUN/out/lora-ddp" \
+    --device $BACKEND_DEVICE >> "$RUN/results.jsonl"
 
 $PY -m bench.gpu_check report "$RUN/results.jsonl" "$RUN/gpu_check.json" --mode $MODE
 status=$?
-[[ -n "${OUT:-}" ]] && cp "$RUN/gpu_check.json" "$RUN/results.jsonl" "$OUT/" && cp -r "$RUN/logs" "$OUT/"
+save
+[[ -n "${OUT:-}" ]] && cp "$RUN/gpu_check.json" "$OUT/"
 exit $status

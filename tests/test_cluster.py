@@ -85,6 +85,8 @@ def test_bad_batch_arithmetic_stops_before_anything_is_launched():
     assert "accelerate launch" not in result.stdout
     refused = sbatch("configs/sft/qwen2.5-7b_qlora.yaml")
     assert refused.returncode == 2 and "SLURM_JOB_ID is not set" in refused.stderr
+    sized = sbatch("--nodes", "4", "configs/sft/qwen2.5-7b_qlora.yaml")  # a real job's size is sbatch's
+    assert sized.returncode == 2 and "are for --dry-run" in sized.stderr
 
 
 FAKE_SCONTROL = """#!/usr/bin/env bash

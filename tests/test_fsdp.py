@@ -5,6 +5,7 @@ accelerate use them, plus train.sft's callback and check; it does not cover acce
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,16 +22,23 @@ def test_fsdp2_generates_on_every_rank_and_saves_a_full_adapter(tmp_path, tiny_m
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
-    try:  # a rank that waits for a collective the other never joins hangs: a timeout fails the test
-        result = subprocess.run(
-            [*command, str(REPO_ROOT / "tests" / "fsdp_worker.py"), str(tiny_model), str(tmp_path)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"the two FSDP2 processes did not finish in 240 s (a rank hung): {error.stderr}")
+    # a rank that waits for a collective the other never joins hangs: a timeout fails the test, and the
+    # whole process group (torchrun and both ranks) is killed
+    job = subprocess.Popen(
+        [*command, str(REPO_ROOT / "tests" / "fsdp_worker.py"), str(tiny_model), str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, stderr = job.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        pytest.fail("the two FSDP2 processes did not finish in 240 s (a rank hung)")
+    result = subprocess.CompletedProcess(job.args, job.returncode, "", stderr)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["sharded"] == "DTensor"

@@ -402,18 +402,15 @@ def test_peft_under_zero3_gets_reentrant_checkpointing_in_the_field_transformers
 
 
 def test_qlora_loads_one_whole_copy_per_process_and_stores_4bit_in_the_compute_dtype_when_sharded(
-    tmp_path, tiny_model, amazon_pairs
+    tmp_path, tiny_model, amazon_pairs, monkeypatch
 ):
-    import types
-
     _, training_args, model_args = sft.parse(
         ["--config", str(recipe(tmp_path, tiny_model, amazon_pairs, load_in_4bit=True))]
     )
     model = sft.load_model(str(tiny_model), model_args, training_args)
     assert model.is_loaded_in_4bit and {p.device.type for p in model.parameters()} == {"cpu"}
     assert model_args.bnb_4bit_quant_storage is None  # one process: bitsandbytes' default storage
-    sharded = types.SimpleNamespace(distributed_type="FSDP")
-    training_args.__dict__["distributed_state"] = sharded  # what accelerate reports under FSDP
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` sets for an FSDP config
     model = sft.load_model(str(tiny_model), model_args, training_args)
     assert model_args.bnb_4bit_quant_storage == "float32"  # the recipe's compute dtype
     assert model.config.quantization_config.bnb_4bit_quant_storage == torch.float32

@@ -310,7 +310,7 @@ def check_saved_adapter(folder: str | Path, model) -> int:
     """The adapter in ``folder`` reloads and holds every LoRA matrix of ``model`` at its full shape:
     (r, in_features) and (out_features, r), from each LoRA layer's own record, which sharding (FSDP,
     ZeRO-3) does not change. A sharded save that wrote nothing, shards or empty tensors fails here, not
-    at inference. Returns the number of tensors."""
+    at inference. Returns the number of LoRA matrices checked."""
     from peft.tuners.lora import LoraLayer
     from peft.utils import load_peft_weights
 
@@ -328,14 +328,17 @@ def check_saved_adapter(folder: str | Path, model) -> int:
                 if adapter in module.lora_A:
                     expected[f"{name}.lora_A.weight"] = (r, module.in_features)
                     expected[f"{name}.lora_B.weight"] = (module.out_features, r)
-    if saved != expected:
-        missing = sorted(set(expected) - set(saved))[:3]
-        wrong = sorted(k for k in set(saved) & set(expected) if saved[k] != expected[k])[:3]
+    # other saved tensors (a DoRA magnitude, modules_to_save) are allowed; no LoRA matrix may be missing
+    missing = sorted(set(expected) - set(saved))
+    wrong = sorted(k for k in set(saved) & set(expected) if saved[k] != expected[k])
+    empty = sorted(k for k, shape in saved.items() if 0 in shape)
+    if not expected or missing or wrong or empty:
         raise RuntimeError(
-            f"{path} does not hold the full adapter: {len(saved)} tensors saved, {len(expected)} expected; "
-            f"missing {missing}, wrong shapes {[(k, saved[k], expected[k]) for k in wrong]}"
+            f"{path} does not hold the full adapter: {len(expected)} LoRA matrices expected, {len(missing)} "
+            f"missing (first {missing[:3]}), wrong shapes {[(k, saved[k], expected[k]) for k in wrong[:3]]}, "
+            f"empty {empty[:3]}"
         )
-    return len(saved)
+    return len(expected)
 
 
 def make_callback(sampler: SampleGenerations):
@@ -465,6 +468,7 @@ def load_model(base: str, model_args, training_args):
     the 4-bit weights are stored in the compute dtype (bnb_4bit_quant_storage) so that they can be
     flattened and sharded with the rest."""
     import torch
+    from accelerate.utils import parse_flag_from_env
     from transformers import AutoModelForCausalLM
     from trl import get_quantization_config
 
@@ -477,7 +481,8 @@ def load_model(base: str, model_args, training_args):
     if model_args.attn_implementation:
         init["attn_implementation"] = model_args.attn_implementation
     if model_args.load_in_4bit or model_args.load_in_8bit:
-        sharded = training_args.distributed_state.distributed_type in ("FSDP", "DEEPSPEED")
+        # accelerate launch says so in the environment (its PartialState reports FSDP as MULTI_GPU)
+        sharded = parse_flag_from_env("ACCELERATE_USE_FSDP") or training_args.deepspeed_plugin is not None
         if sharded and model_args.load_in_4bit and not model_args.bnb_4bit_quant_storage:
             model_args.bnb_4bit_quant_storage = dtype if dtype != "auto" else "bfloat16"
         init["quantization_config"] = get_quantization_config(model_args)
