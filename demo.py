@@ -23,7 +23,7 @@ import json
 import time
 from pathlib import Path
 
-from agents import suite
+from agents.review import suite
 from data_prep import build, pairs, split
 from data_prep.store import ReviewStore
 from train import sft

@@ -35,9 +35,9 @@ from bench.build_bench import measure
 
 
 def generation(args: argparse.Namespace) -> dict:
-    from agents.agent import AgentConfig, ReviewAgent
     from agents.llm import LLMConfig, Sampling
-    from agents.simulate import RunArguments, load_tasks
+    from agents.review.agent import AgentConfig, ReviewAgent
+    from agents.review.simulate import RunArguments, load_tasks
     from data_prep.prompt import count_tokens
     from data_prep.store import ReviewStore
 
@@ -82,9 +82,9 @@ def looping(ids: list[int]) -> bool:
 def constrained(args: argparse.Namespace) -> dict:
     import re
 
-    from agents.agent import AgentConfig, ReviewAgent, usable
     from agents.llm import Constraint, LLMConfig, Sampling
-    from agents.simulate import RunArguments, load_tasks
+    from agents.review.agent import AgentConfig, ReviewAgent, usable
+    from agents.review.simulate import RunArguments, load_tasks
     from data_prep.prompt import parse_completion
     from data_prep.store import ReviewStore
 

@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from agents.stars import DEFAULT, History, PrequentialChoice, StarModel
+from agents.review.stars import DEFAULT, History, PrequentialChoice, StarModel
 
 # (review_id, user, item, ts, stars)
 SMALL = [("r1", "u1", "i1", 1, 4.0), ("r2", "u1", "i2", 2, 2.0), ("r3", "u2", "i1", 3, 5.0)]

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from agents.llm import Constraint, LLMConfig, Sampling, load_llm
 from agents.retrieval import Retriever
-from agents.stars import StarModel
+from agents.review.stars import StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
 
 KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")

@@ -1,0 +1,354 @@
+"""Run a review agent over evaluation tasks: batched, resumable, errors recorded per task.
+
+    python -m agents.simulate --config configs/agents/stats.yaml --data runs/demo/data/amazon \\
+        --tasks runs/demo/tasks/amazon --out runs/demo/sim/stats
+    python -m agents.simulate --config configs/agents/tuned.yaml ... --limit 50 --adapter runs/demo/sft/smollm2_lora
+    python -m agents.simulate --config configs/agents/stats.yaml ... --visibility official   # the leaderboard's
+    # a shard of a job array, then the merge (slurm/simulate.sbatch does both)
+    python -m agents.simulate --config ... --out runs/sim/x/shard_3 --shard 3/8
+    python -m agents.simulate --merge runs/sim/x/shard_* --out runs/sim/x --tasks runs/demo/tasks/amazon
+
+RUN_DIR/predictions.jsonl gets one line per finished task as it finishes (its ids, stars, review, where
+the answer came from, this task's counts and seconds); a rerun skips finished tasks and never writes
+one twice (a line cut off by a kill is dropped and redone). A task that raises is written to
+errors.jsonl and the run goes on. LLM answers that could not be used stay with their task
+("unusable_answers").
+
+RUN_DIR/fingerprint.json records what the run started from (agent and LLM config, the adapter's files,
+the task folder, the store's build, the shard); a rerun whose inputs differ stops and names what
+changed, unless --overwrite (which discards the earlier work). A rerun with nothing left to do loads no
+model. At the end: output.json in the official layout and summary.json, computed from every
+prediction line, so a killed and resumed run reports the same counts as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tqdm import tqdm
+
+from agents.llm import LLMConfig
+from agents.review.agent import COUNTS, AgentConfig, ReviewAgent
+from data_prep import fingerprint
+from data_prep.provenance import provenance
+from data_prep.schema import format_utc
+from data_prep.store import ReviewStore
+from data_prep.tasks import read_targets, read_tasks
+
+# Settings that change how fast a run goes, not what it predicts: left out of the fingerprint.
+EXECUTION_FIELDS = {
+    "batch_size",
+    "generation_batch_size",
+    "device",
+    "concurrency",
+    "timeout_s",
+    "max_retries",
+    "gpu_memory_utilization",
+}
+WORK_FILES = ("predictions.jsonl", "errors.jsonl", "invocations.jsonl", "star_model.json")
+PACKAGES = ["torch", "transformers", "peft", "sentence-transformers"]
+
+
+@dataclass
+class RunArguments:
+    out: str = field(metadata={"help": "run folder"})
+    data: str | None = field(default=None, metadata={"help": "build folder (data_prep.build)"})
+    tasks: str | None = field(default=None, metadata={"help": "task folder (data_prep.split)"})
+    limit: int | None = field(default=None, metadata={"help": "only the first N tasks"})
+    shard: str | None = field(default=None, metadata={"help": "i/n: the tasks with task_id %% n == i"})
+    merge: list[str] | None = field(default=None, metadata={"help": "shard run folders to merge into --out"})
+    overwrite: bool = field(
+        default=False, metadata={"help": "discard earlier work in --out made from other inputs"}
+    )
+
+
+def finished(path: Path) -> dict[int, dict]:
+    """Predictions already written; a last line without its newline (a kill mid-write) is cut off."""
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        path.write_bytes(data)
+    rows = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    return {r["task_id"]: r for r in rows}
+
+
+def load_tasks(args: RunArguments) -> list[dict]:
+    tasks = read_tasks(args.tasks)
+    targets = read_targets(args.tasks)
+    missing = [t["task_id"] for t in tasks if t["task_id"] not in targets]
+    if missing:
+        raise SystemExit(
+            f"error: {args.tasks}/targets.jsonl has no target time for tasks {missing[:10]}: make the "
+            "tasks with data_prep.split (the agent must know what 'strictly older' means)"
+        )
+    tasks = [{**t, "date": targets[t["task_id"]]["date"], "ts": targets[t["task_id"]]["ts"]} for t in tasks]
+    if args.limit is not None:
+        tasks = tasks[: args.limit]
+    if args.shard:
+        index, count = map(int, args.shard.split("/"))
+        tasks = [t for t in tasks if t["task_id"] % count == index]
+    return tasks
+
+
+def write_outputs(out: Path, tasks: list[dict], done: dict[int, dict], summary: dict) -> None:
+    official = [
+        {
+            "task": {"type": t["type"], "user_id": t["user_id"], "item_id": t["item_id"]},
+            "output": {"stars": done[t["task_id"]]["stars"], "review": done[t["task_id"]]["review"]},
+        }
+        for t in tasks
+        if t["task_id"] in done
+    ]
+    (out / "output.json").write_text(json.dumps(official, indent=1, ensure_ascii=False))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+
+
+def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments, store) -> dict:
+    """What decides a run's predictions (see data_prep.fingerprint)."""
+    uses_llm = agent_config.kind != "stats"
+    keep = lambda config: {k: v for k, v in asdict(config).items() if k not in EXECUTION_FIELDS}  # noqa: E731
+    build = json.loads(store.meta().get("fingerprint") or "{}")
+    build.pop("inputs", None)  # file paths: the same data in another clone or mount is the same store
+    return {
+        "agent": keep(agent_config),
+        "llm": {k: v for k, v in keep(llm_config).items() if k != "adapter"} if uses_llm else None,
+        "adapter": fingerprint.adapter_digest(llm_config.adapter) if uses_llm else None,
+        "tasks": fingerprint.task_folder_digest(args.tasks),
+        "store": hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest(),
+        "shard": args.shard,
+    }
+
+
+def adapter_postdates(adapter: str | None, tasks: list[dict]) -> dict | None:
+    """How many tasks are at or before the latest review the adapter trained on: for those, the
+    adapter's weights carry information from after the task's moment (labelled, not hidden)."""
+    path = Path(adapter or "") / "training_data.json"
+    if not adapter or not path.exists():
+        return None
+    latest = json.loads(path.read_text()).get("latest_target_ts")
+    if latest is None:
+        return None
+    return {
+        "latest_training_review": format_utc(latest),
+        "tasks_at_or_before_it": sum(t["ts"] <= latest for t in tasks),
+        "tasks": len(tasks),
+    }
+
+
+def summarise(out: Path, tasks: list[dict], done: dict[int, dict], extra: dict) -> dict:
+    """The summary, from the prediction lines of the tasks in scope, so it is the same however many
+    invocations (and kills) the run took."""
+    rows = [done[t["task_id"]] for t in tasks if t["task_id"] in done]
+    counts = Counter(dict.fromkeys(COUNTS, 0))
+    for row in rows:
+        counts.update(row.get("counts", {}))
+    failed = {e["task_id"] for e in read_jsonl(out / "errors.jsonl")} - set(done)
+    invocations = read_jsonl(out / "invocations.jsonl")
+    running = sum(row.get("seconds", 0.0) for row in rows)
+    star_model = out / "star_model.json"
+    return {
+        **extra,
+        "tasks": len(tasks),
+        "predicted": len(rows),
+        "errors": len(failed),
+        "error_task_ids": sorted(failed),
+        "answers_by_source": Counter(row.get("source") for row in rows),
+        "star_models_used": Counter(row.get("star_model") or "the LLM's own" for row in rows),
+        "counts": dict(counts),
+        "invocations": len(invocations),
+        "seconds_loading": round(sum(i["seconds_loading"] for i in invocations), 1),
+        "seconds_running": round(running, 2),
+        "seconds_per_task": round(running / len(rows), 4) if rows else None,
+        "star_model": json.loads(star_model.read_text()) if star_model.exists() else None,
+        "provenance": provenance(PACKAGES),
+    }
+
+
+def prediction_row(p, seconds: float) -> dict:
+    row = {
+        "task_id": p.task_id,
+        "user_id": p.user_id,
+        "item_id": p.item_id,
+        "stars": p.stars,
+        "review": p.review,
+        "source": p.source,
+        "star_model": p.star_model,
+        "counts": {k: v for k, v in p.counts.items() if v},
+        "seconds": round(seconds, 4),
+    }
+    if p.unusable:
+        row["unusable_answers"] = p.unusable
+    if p.cut_short:
+        row["cut_short"] = True  # the review stopped at max_new_tokens
+    return row
+
+
+def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = load_tasks(args)
+    store = ReviewStore.open(args.data, tasks=args.tasks)
+    has_work = any((out / name).exists() for name in WORK_FILES)
+    inputs = fingerprint_inputs(agent_config, llm_config, args, store)
+    if not fingerprint.verdict(out, inputs, overwrite=args.overwrite, has_work=has_work):
+        for name in (*WORK_FILES, "output.json", "summary.json"):
+            (out / name).unlink(missing_ok=True)
+        print(f"--overwrite: discarded the earlier work in {out}")
+    fingerprint.record(out, inputs)
+    predictions_path = out / "predictions.jsonl"
+    done = finished(predictions_path)
+    todo = [t for t in tasks if t["task_id"] not in done]
+    print(f"{len(tasks)} tasks: {len(done)} already done, {len(todo)} to run", flush=True)
+    if todo:
+        run_tasks(agent_config, llm_config, store, args, todo, done, out)
+    else:
+        print("nothing left to run: no model loaded")
+    uses_llm = agent_config.kind != "stats"
+    extra = {
+        "agent": asdict(agent_config),
+        "visibility": agent_config.visibility,
+        "llm": asdict(llm_config) if uses_llm else None,
+        "ran_now": len(todo),
+        "retrieval": agent_config.retrieval,
+        "adapter_training_data": adapter_postdates(llm_config.adapter, tasks) if uses_llm else None,
+    }
+    summary = summarise(out, tasks, done, extra)
+    write_outputs(out, tasks, done, summary)
+    c = summary["counts"]
+    print(
+        f"-> {predictions_path} ({summary['predicted']}/{len(tasks)} predicted, {summary['errors']} errors); "
+        f"fallbacks {c['fallbacks']}, retries {c['retries']}, answers cut at max_new_tokens {c['cut_short']}"
+    )
+    return summary
+
+
+def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dict, out: Path) -> None:
+    """Load the agent and predict ``todo`` batch by batch, appending each batch's lines (flushed)."""
+    started = time.perf_counter()
+    encoder = None
+    if agent_config.retrieval == "embedding":
+        from eval.backends import packaged_minilm
+
+        encoder = packaged_minilm("cpu", 64)
+    agent = ReviewAgent(agent_config, llm_config, store, encoder)
+    (out / "star_model.json").write_text(json.dumps(agent.stars.report, indent=2, default=str))
+    with open(out / "invocations.jsonl", "a") as log:
+        record = {
+            "started_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "tasks_to_run": len(todo),
+            "seconds_loading": round(time.perf_counter() - started, 2),
+        }
+        log.write(json.dumps(record) + "\n")
+    with (
+        open(out / "predictions.jsonl", "a") as sink,
+        open(out / "errors.jsonl", "a") as error_sink,
+        tqdm(total=len(todo), desc=agent_config.kind, unit=" tasks") as bar,
+    ):
+        for start in range(0, len(todo), agent_config.batch_size):
+            batch = todo[start : start + agent_config.batch_size]
+            began = time.perf_counter()
+            try:
+                predictions = agent.predict(batch)
+            except Exception:  # one task at a time, to record exactly which ones fail
+                predictions = []
+                for task in batch:
+                    try:
+                        predictions += agent.predict([task])
+                    except Exception:
+                        error_sink.write(
+                            json.dumps({"task_id": task["task_id"], "error": traceback.format_exc()}) + "\n"
+                        )
+                        error_sink.flush()
+            seconds = (time.perf_counter() - began) / max(len(predictions), 1)
+            for p in predictions:
+                row = prediction_row(p, seconds)
+                sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+                done[p.task_id] = row
+            sink.flush()
+            os.fsync(sink.fileno())
+            bar.update(len(batch))
+
+
+def merge(shards: list[str], out: Path, task_dir: str | None) -> dict:
+    """Shard runs -> one run: predictions.jsonl, and with --tasks the official output.json; summary.json
+    counts every shard's prediction lines. Shards run from other inputs (their fingerprints differ in
+    more than the shard) are refused; a task in two shards is an error, a task of the folder in none is
+    reported."""
+    out.mkdir(parents=True, exist_ok=True)
+    inputs = {}  # each shard's fingerprint without its shard: they must agree
+    for shard in shards:
+        path = Path(shard) / fingerprint.FILE
+        if path.exists():
+            inputs[shard] = {k: v for k, v in json.loads(path.read_text())["inputs"].items() if k != "shard"}
+    for shard, shard_inputs in inputs.items():
+        changed = fingerprint.differences(next(iter(inputs.values())), shard_inputs)
+        if changed:
+            raise SystemExit(
+                f"error: {shard} was run from other inputs than {next(iter(inputs))} ({', '.join(changed)}); "
+                "shards of one run must share config, adapter, tasks and store"
+            )
+    rows: dict[int, dict] = {}
+    summaries = []
+    for shard in shards:
+        for task_id, row in finished(Path(shard) / "predictions.jsonl").items():
+            if task_id in rows:
+                raise SystemExit(f"error: task {task_id} is in two shards")
+            rows[task_id] = row
+        if (Path(shard) / "summary.json").exists():
+            summaries.append(json.loads((Path(shard) / "summary.json").read_text()))
+    with open(out / "predictions.jsonl", "w") as f:
+        f.writelines(json.dumps(rows[k], ensure_ascii=False) + "\n" for k in sorted(rows))
+    with open(out / "errors.jsonl", "w") as f:
+        for shard in shards:
+            f.writelines(json.dumps(e) + "\n" for e in read_jsonl(Path(shard) / "errors.jsonl"))
+    first = summaries[0] if summaries else {}
+    agent = next(iter(inputs.values()))["agent"] if inputs else first.get("agent")
+    extra = {"shards": len(shards), "agent": agent, "visibility": (agent or {}).get("visibility")}
+    tasks = read_tasks(task_dir) if task_dir else [{"task_id": k} for k in sorted(rows)]
+    summary = summarise(out, tasks, rows, extra)
+    summary["star_model"] = first.get("star_model")
+    summary["seconds_loading"] = round(sum(s.get("seconds_loading", 0) for s in summaries), 1)
+    if task_dir:
+        summary["missing"] = [t["task_id"] for t in tasks if t["task_id"] not in rows]
+        write_outputs(out, tasks, rows, summary)
+    else:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(f"merged {len(rows)} predictions from {len(shards)} shards -> {out / 'predictions.jsonl'}")
+    if summary.get("missing"):
+        print(
+            f"note: {len(summary['missing'])} tasks have no prediction in any shard (listed in summary.json)"
+        )
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    from trl import TrlParser
+
+    parser = TrlParser((AgentConfig, LLMConfig, RunArguments))
+    agent_config, llm_config, args = parser.parse_args_and_config(args=argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out), args.tasks)
+    if not args.data or not args.tasks:
+        sys.exit("error: --data and --tasks are required (or --merge)")
+    return run(agent_config, llm_config, args)
+
+
+if __name__ == "__main__":
+    main()

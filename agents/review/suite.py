@@ -1,0 +1,196 @@
+"""All shipped agents and the model-free baselines on one task folder, scored side by side.
+
+    python -m agents.suite --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon \\
+        --adapter runs/demo/sft/smollm2_lora --out runs/demo/suite/amazon
+
+For each agent config in configs/agents/ (stats, asc-baseline, retrieval-llm, tuned): agents.simulate
+into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline unless --backend official)
+into OUT/eval/KIND. The baselines (each user's previous review; the user's mean stars) are scored too.
+Writes OUT/compare.md and compare.png (eval.review --compare), OUT/agents.md (time per task, parse
+failures, retries, fallbacks, the star models used) and OUT/claims.md (paired differences over the same
+tasks with 95% BCa bootstrap intervals: tuned vs stats on review generation and overall, tuned vs the
+user-mean baseline and the two base-model agents on overall, stats vs the user-mean baseline on PE and
+overall), and prints them.
+
+``--visibility official`` runs every agent and baseline with the AgentSociety leaderboard's
+visibility (everything but the task pairs) instead of the default time-aware one; every table says
+which was used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from agents.review import simulate
+from data_prep.paths import REPO_ROOT
+from eval import baselines, review
+from eval.metrics import paired_bootstrap
+
+KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
+CONFIGS = REPO_ROOT / "configs" / "agents"
+# (a, b, metric): the claims the suite checks, each as a paired difference over the same tasks
+CLAIMS = (
+    ("tuned", "stats", "review_generation"),
+    ("tuned", "stats", "overall"),
+    ("tuned", "user-mean", "overall"),
+    ("tuned", "asc-baseline", "overall"),
+    ("tuned", "retrieval-llm", "overall"),
+    ("stats", "user-mean", "preference_estimation"),
+    ("stats", "user-mean", "overall"),
+)
+
+
+def generation_args(batch_size: int = 16, max_new_tokens: int = 96) -> list[str]:
+    """agents.simulate flags for the LLM agents; the defaults are CPU-friendly (what `make demo` uses)."""
+    return f"--batch_size {batch_size} --generation_batch_size {batch_size} --max_new_tokens {max_new_tokens}".split()
+
+
+def agents_table(runs: dict[str, Path]) -> str:
+    rows = [
+        "| agent | tasks | s/task | LLM answers | parse failures | retries (fixed) | fallbacks | cut at max tokens | stars from | visibility |",
+        "|" + "---|" * 10,
+    ]
+    notes = []
+    for name, run in runs.items():
+        s = json.loads((run / "summary.json").read_text())
+        c = s["counts"]
+        used = sorted(s["star_models_used"].items(), key=lambda kv: -kv[1])
+        stars = ", ".join(f"{model} ({n})" for model, n in used[:2]) + (" ..." if len(used) > 2 else "")
+        rows.append(
+            f"| {name} | {s['predicted']}/{s['tasks']} | {s['seconds_per_task'] or 0:.2f} | {c['llm_answers']} | "
+            f"{c['parse_failures']} | {c['retries']} ({c['retry_successes']}) | {c['fallbacks']} | "
+            f"{c['cut_short']} | {stars} | {s['visibility']} |"
+        )
+        trained = s.get("adapter_training_data")
+        if trained:
+            notes.append(
+                f"{name}: the adapter's training reviews reach {trained['latest_training_review']}; "
+                f"{trained['tasks_at_or_before_it']} of {trained['tasks']} tasks are at or before that moment"
+            )
+    return "\n".join(rows + ([""] + notes if notes else []))
+
+
+def per_task_terms(eval_dir: Path) -> dict[str, np.ndarray]:
+    rows = sorted(
+        map(json.loads, (eval_dir / "samples.jsonl").read_text().splitlines()), key=lambda r: r["task_id"]
+    )
+    return {t: np.array([r[f"{t}_error"] for r in rows]) for t in ("star", "sentiment", "emotion", "topic")}
+
+
+def claims_table(eval_root: Path, names: list[str]) -> str:
+    rows = [
+        "| claim | metric | difference | 95% CI (paired BCa bootstrap) | resamples > 0 | n |",
+        "|" + "---|" * 6,
+    ]
+    for a, b, metric in CLAIMS:
+        if a in names and b in names:
+            d = paired_bootstrap(per_task_terms(eval_root / a), per_task_terms(eval_root / b), metric)
+            rows.append(
+                f"| {a} > {b} | {metric} | {d['difference']:+.4f} | [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] | "
+                f"{d['share_of_resamples_above_zero']:.1%} | {d['n']} |"
+            )
+    return "\n".join(rows)
+
+
+def score(tasks: Path, predictions: Path, out: Path, backend: str) -> Path:
+    argv = ["--tasks", tasks, "--predictions", predictions, "--out", out, "--backend", backend]
+    review.main([str(a) for a in argv])
+    return out / "results.json"
+
+
+def run_suite(
+    data: Path,
+    tasks: Path,
+    out: Path,
+    adapter: Path | None,
+    kinds: tuple[str, ...] = KINDS,
+    extra: list[str] | None = None,
+    backend: str = "offline",
+    visibility: str = "time-aware",
+    overwrite: bool = False,
+) -> tuple[str, str, str]:
+    if "tuned" in kinds and adapter is None:
+        raise SystemExit("error: the tuned agent needs --adapter (a train.sft output folder)")
+    scored: dict[str, Path] = {}
+    for kind in ("previous-review", "user-mean"):
+        predictions = out / "baselines" / f"{kind}.jsonl"
+        print(f"\n--- baseline {kind}")
+        baselines.main(
+            [
+                kind,
+                "--data",
+                str(data),
+                "--tasks",
+                str(tasks),
+                "--out",
+                str(predictions),
+                "--visibility",
+                visibility,
+            ]
+        )
+        scored[kind] = score(tasks, predictions, out / "eval" / kind, backend)
+    runs = {}
+    for kind in kinds:
+        print(f"\n--- agent {kind} (configs/agents/{kind}.yaml)")
+        run = out / "sim" / kind
+        argv = ["--config", CONFIGS / f"{kind}.yaml", "--data", data, "--tasks", tasks, "--out", run]
+        args = [*map(str, argv), "--visibility", visibility, *(["--overwrite", "true"] if overwrite else [])]
+        if kind != "stats":
+            args += generation_args() if extra is None else extra
+        if kind == "tuned":
+            args += ["--adapter", str(adapter)]
+        simulate.main(args)
+        scored[kind] = score(tasks, run / "predictions.jsonl", out / "eval" / kind, backend)
+        runs[kind] = run
+    print("\n--- comparison (shared evaluator)")
+    table = review.main(["--compare", *map(str, scored.values()), "--names", *scored, "--out", str(out)])
+    agents = agents_table(runs)
+    (out / "agents.md").write_text(agents + "\n")
+    claims = claims_table(out / "eval", list(scored))
+    (out / "claims.md").write_text(claims + "\n")
+    print(f"\n{agents}\n\n{claims}\n-> {out}/compare.md, compare.png, agents.md, claims.md")
+    return table, agents, claims
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, required=True, help="build folder (data_prep.build)")
+    parser.add_argument("--tasks", type=Path, required=True, help="task folder (data_prep.split)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--adapter", type=Path, help="LoRA adapter for the tuned agent (train.sft output)")
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--backend", choices=["offline", "official"], default="offline", help="evaluator")
+    parser.add_argument(
+        "--visibility",
+        choices=["time-aware", "official"],
+        default="time-aware",
+        help="time-aware: only reviews older than each target; official: everything but the task pairs",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="redo an agent's run whose inputs changed (else refused)"
+    )
+    parser.add_argument("--batch-size", type=int, default=16, help="LLM agents: tasks per batch")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="LLM agents: answer length cap")
+    args = parser.parse_args(argv)
+    extra = generation_args(args.batch_size, args.max_new_tokens)
+    run_suite(
+        args.data,
+        args.tasks,
+        args.out,
+        args.adapter,
+        tuple(args.kinds),
+        extra,
+        args.backend,
+        args.visibility,
+        args.overwrite,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The sandbox's configuration: YAML into typed, nested dataclasses, checked on load.
+
+    config = load_config("configs/sandbox/movielens.yaml", ["rounds=3", "memory.short_term_capacity=5"])
+
+Sections: the run (data, rounds, agents, seed), ``activity`` (who acts each round), ``memory``,
+``recommender``, ``graph`` and ``llm`` (the shared backends' settings, agents/llm.py). Validation is
+pydantic's (its dataclasses, so the sections stay plain dataclasses to the code that reads them): an
+unknown key, a wrong type or an out-of-range value is an error naming the file and the field, e.g.
+``configs/sandbox/x.yaml: memory.forget_beta: Input should be greater than 1``. Overrides are
+``section.field=value`` strings, parsed as YAML scalars. No trl needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, field
+from pathlib import Path
+
+import yaml
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass
+
+from agents.llm import LLMConfig
+
+STRICT = ConfigDict(extra="forbid")
+FEATURES = ("Watcher", "Explorer", "Critic", "Chatter", "Poster")
+
+
+@dataclass(config=STRICT)
+class ActivityConfig:
+    """Each round an agent acts with a probability drawn once per agent from a Pareto law."""
+
+    pareto_alpha: float = Field(1.5, gt=0)  # fitted to the data by eval.activity (reported there)
+    pareto_xmin: float = Field(0.1, gt=0, le=1)  # the smallest activity level
+    max_active: int | None = Field(None, ge=1)  # cap on agents acting in one round
+
+
+@dataclass(config=STRICT)
+class MemoryConfig:
+    importance_threshold: float = Field(0.3, ge=0, le=1)  # sensory: observations below are dropped
+    enhance_similarity: float = Field(0.8, ge=0, le=1)  # short-term: cosine to enhance a record
+    enhance_times: int = Field(3, ge=1)  # short-term: enhanced this often -> insight, to long-term
+    short_term_capacity: int = Field(10, ge=1)  # short-term: the oldest beyond this move to long-term
+    retrieve_top: int = Field(5, ge=1)  # long-term records a prompt reads
+    recency_decay: float = Field(0.99, gt=0, lt=1)  # recency = decay ** (rounds since last access)
+    forget_beta: float = Field(2.0, gt=1)  # g(M) = 1 - (s + r)/2 * max(r ** beta, delta)
+    forget_delta: float = Field(0.1, gt=0, lt=1)
+    reflect_every: int = Field(5, ge=1)  # rounds between reflections
+    merge_similarity: float = Field(0.9, ge=0, le=1)  # reflection merges long-term records closer than this
+
+
+@dataclass(config=STRICT)
+class RecommenderConfig:
+    kind: str = Field("mf", pattern="^(random|popularity|mf)$")
+    page_size: int = Field(5, ge=1)
+    rec_random_k: int = Field(0, ge=0)  # random items injected into each page
+    retrain_every: int = Field(1, ge=1)  # rounds between retrainings on the simulated clicks (mf)
+    factors: int = Field(32, ge=1)
+    iterations: int = Field(15, ge=1)
+    regularization: float = Field(0.01, ge=0)
+
+
+@dataclass(config=STRICT)
+class GraphConfig:
+    edges: str | None = None  # a CSV of name pairs; None: generated
+    mean_degree: float = Field(3.0, ge=0)
+    homophily: float = Field(0.0, ge=0, le=1)  # 0: random; 1: friends only among shared interests
+
+
+@dataclass(config=STRICT)
+class SandboxConfig:
+    data: str = "../shared/data/raw/movielens_latest_small"
+    profiles: str | None = None  # handcrafted profiles (YAML or CSV); None: aligned with MovieLens users
+    agents: int = Field(10, ge=1)
+    rounds: int = Field(5, ge=1)
+    seed: int = 0
+    chat: str = Field("two-sided", pattern="^(two-sided|one-call)$")  # one-call: cheaper, labelled
+    activity: ActivityConfig = field(default_factory=ActivityConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    recommender: RecommenderConfig = field(default_factory=RecommenderConfig)
+    graph: GraphConfig = field(default_factory=GraphConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected section.field=value")
+        *sections, name = key.split(".")
+        node = data
+        for section in sections:
+            node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {section} is not a section")
+        node[name] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> SandboxConfig:
+    data = (yaml.safe_load(Path(path).read_text()) or {}) if path else {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
+    data = apply_overrides(data, list(overrides))
+    try:
+        if isinstance(data.get("llm"), dict):  # a plain dataclass: unknown keys are checked here
+            known = set(LLMConfig.__dataclass_fields__)
+            unknown = sorted(set(data["llm"]) - known)
+            if unknown:
+                raise ConfigError(f"{path or 'config'}: llm.{unknown[0]}: unknown setting")
+            data["llm"] = LLMConfig(**data["llm"])
+        return SandboxConfig(**data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(f"{path or 'config'}: {where}: {first['msg']}") from None
+    except TypeError as error:  # an unknown top-level key of a plain dataclass section
+        raise ConfigError(f"{path or 'config'}: {error}") from None
+
+
+def as_dict(config: SandboxConfig) -> dict:
+    """The config as plain data (for the run's fingerprint and summary)."""
+    return asdict(config)

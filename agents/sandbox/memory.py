@@ -1,0 +1,294 @@
+"""An agent's memory, as RecAgent designs it: sensory, short-term and long-term.
+
+- **Sensory**: each observation is compressed by the LLM into one sentence with an importance score in
+  (0, 1]; below ``importance_threshold`` it is dropped (counted).
+- **Short-term**: a new record whose embedding cosine to an existing record reaches
+  ``enhance_similarity`` enhances that record instead of being stored; a record enhanced
+  ``enhance_times`` times is summarised with its enhancers into an insight by the LLM, and the record,
+  its enhancers and the insight move to long-term. Beyond ``short_term_capacity`` the oldest record
+  moves to long-term.
+- **Long-term**: retrieval of the top ``retrieve_top`` records by relevance + recency + importance (each
+  min-max normalised over the candidates to [0, 1]); forgetting, each record with probability
+  g(M) = 1 - (s + r)/2 * max(r^beta, delta), where s and r are its importance and recency normalised to
+  (0, 1); reflection, which asks the LLM for higher-level insights from the most important records and
+  merges near-duplicates (cosine >= ``merge_similarity``: the more important one stays, absorbing the
+  other's enhancements).
+- What a prompt reads (``context``): the top long-term records for the query plus all short-term ones.
+
+Time is the simulated round. Every random draw comes from the run's one generator. The LLM is reached
+through ``MemoryModel``: ``LLMMemoryModel`` asks a shared backend (agents/llm.py) with structured
+outputs, batched over observations; tests use the same class over a scripted backend. State is plain
+JSON (``to_json``/``from_json``) for the run's checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from agents.llm import Constraint, Sampling
+
+COMPRESS = Constraint.json(
+    {
+        "type": "object",
+        "properties": {
+            "summary": {"type": "string", "minLength": 1, "maxLength": 200},
+            "importance": {"type": "integer", "minimum": 1, "maximum": 10},
+        },
+        "required": ["summary", "importance"],
+        "additionalProperties": False,
+    }
+)
+SENTENCE = Constraint.json(
+    {
+        "type": "object",
+        "properties": {"insight": {"type": "string", "minLength": 1, "maxLength": 200}},
+        "required": ["insight"],
+        "additionalProperties": False,
+    }
+)
+
+
+@dataclass
+class Record:
+    text: str
+    importance: float  # (0, 1]
+    created: int  # round
+    accessed: int  # round of the last retrieval (or creation)
+    embedding: list[float]
+    kind: str = "observation"  # observation | insight | reflection
+    enhanced: int = 0
+    enhancers: list[str] = field(default_factory=list)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine of one vector against the rows of a matrix."""
+    norms = np.linalg.norm(b, axis=-1) * np.linalg.norm(a)
+    return (b @ a) / np.where(norms == 0, 1, norms)
+
+
+def normalise(values: np.ndarray) -> np.ndarray:
+    """Min-max to [0, 1]; all equal -> all 1 (none is worse than another)."""
+    span = values.max() - values.min() if len(values) else 0
+    return (values - values.min()) / span if span > 0 else np.ones_like(values)
+
+
+def forget_probability(importance: np.ndarray, recency: np.ndarray, beta: float, delta: float) -> np.ndarray:
+    """g(M) = 1 - (s + r)/2 * max(r^beta, delta), with s and r already in (0, 1)."""
+    return 1 - (importance + recency) / 2 * np.maximum(recency**beta, delta)
+
+
+class LLMMemoryModel:
+    """The memory's LLM calls through a shared backend, each a structured output, batched."""
+
+    def __init__(self, backend, sampling: Sampling | None = None):
+        self.backend, self.sampling = backend, sampling or Sampling(max_new_tokens=96)
+        self.counts: Counter = Counter()
+
+    def _ask(self, prompts: list[str], constraint: Constraint, key: str) -> list[dict | None]:
+        answers = self.backend.generate(
+            [[{"role": "user", "content": p}] for p in prompts], self.sampling, constraint
+        )
+        self.counts["llm_calls"] += len(prompts)
+        out = []
+        for answer in answers:
+            try:
+                value = json.loads(answer)
+                out.append(value if isinstance(value, dict) and value.get(key) else None)
+            except json.JSONDecodeError:
+                out.append(None)
+            if out[-1] is None:
+                self.counts["unparsable"] += 1
+        return out
+
+    def compress(self, observations: list[str]) -> list[tuple[str, float]]:
+        """One sentence and an importance in (0, 1] per observation; an unusable answer keeps the
+        observation itself at importance 0.5 (counted as a fallback)."""
+        prompts = [
+            "Compress this observation into one sentence, and rate how important it is to remember, "
+            f"from 1 (trivial) to 10 (life-changing).\nObservation: {o}"
+            for o in observations
+        ]
+        out = []
+        for observation, value in zip(observations, self._ask(prompts, COMPRESS, "summary"), strict=True):
+            score = value.get("importance") if value else None
+            if not isinstance(score, int) or not 1 <= score <= 10:  # never clamped: a fallback, counted
+                self.counts["fallbacks"] += 1
+                out.append((observation, 0.5))
+            else:
+                out.append((str(value["summary"]), score / 10))
+        return out
+
+    def insight(self, record: str, enhancers: list[str]) -> str:
+        prompt = (
+            "These memories repeat one theme. Write the insight they add up to, in one sentence.\n"
+            + "\n".join(f"- {t}" for t in [record, *enhancers])
+        )
+        value = self._ask([prompt], SENTENCE, "insight")[0]
+        if value is None:
+            self.counts["fallbacks"] += 1
+            return record
+        return str(value["insight"])
+
+    def reflect(self, texts: list[str]) -> str | None:
+        prompt = "From these memories, write one higher-level insight about yourself.\n" + "\n".join(
+            f"- {t}" for t in texts
+        )
+        value = self._ask([prompt], SENTENCE, "insight")[0]
+        if value is None:
+            self.counts["fallbacks"] += 1
+        return None if value is None else str(value["insight"])
+
+
+class Memory:
+    def __init__(self, config, embed, model, rng: np.random.Generator):
+        """config: MemoryConfig; embed: texts -> array (n, d); model: LLMMemoryModel-like; rng: the run's
+        one generator."""
+        self.config, self.embed, self.model, self.rng = config, embed, model, rng
+        self.short: list[Record] = []
+        self.long: list[Record] = []
+        self.counts: Counter = Counter()
+
+    # -- sensory -> short-term -------------------------------------------------------------------------
+    def observe(self, observations: list[str], now: int) -> list[Record]:
+        """Compress and score the observations (one batched LLM call); keep those at or above the
+        threshold in short-term memory. Returns the records kept."""
+        if not observations:
+            return []
+        compressed = self.model.compress(observations)
+        kept = [(text, score) for text, score in compressed if score >= self.config.importance_threshold]
+        self.counts["dropped"] += len(compressed) - len(kept)
+        if not kept:
+            return []
+        vectors = np.asarray(self.embed([text for text, _ in kept]), dtype=float)
+        records = []
+        for (text, score), vector in zip(kept, vectors, strict=True):
+            record = Record(text, score, now, now, vector.tolist())
+            self.add_short(record, now)
+            records.append(record)
+        return records
+
+    def add_short(self, record: Record, now: int) -> None:
+        if self.short:
+            similarity = cosine(np.asarray(record.embedding), np.asarray([r.embedding for r in self.short]))
+            best = int(similarity.argmax())
+            if similarity[best] >= self.config.enhance_similarity:
+                target = self.short[best]
+                target.enhanced += 1
+                target.enhancers.append(record.text)
+                target.accessed = now
+                target.importance = max(target.importance, record.importance)
+                self.counts["enhanced"] += 1
+                if target.enhanced >= self.config.enhance_times:
+                    self.promote(target, now)
+                return
+        self.short.append(record)
+        while len(self.short) > self.config.short_term_capacity:
+            self.long.append(self.short.pop(0))
+            self.counts["moved_by_capacity"] += 1
+
+    def promote(self, record: Record, now: int) -> None:
+        """A record enhanced enough times: an insight from it and its enhancers; all move to long-term."""
+        self.short.remove(record)
+        text = self.model.insight(record.text, record.enhancers)
+        vectors = np.asarray(self.embed([text, *record.enhancers]), dtype=float)
+        insight = Record(text, record.importance, now, now, vectors[0].tolist(), kind="insight")
+        enhancers = [
+            Record(t, record.importance, now, now, v.tolist())
+            for t, v in zip(record.enhancers, vectors[1:], strict=True)
+        ]
+        self.long.extend([record, *enhancers, insight])
+        self.counts["insights"] += 1
+
+    # -- long-term ---------------------------------------------------------------------------------------
+    def recency(self, records: list[Record], now: int) -> np.ndarray:
+        return np.array([self.config.recency_decay ** (now - r.accessed) for r in records])
+
+    def retrieve(self, query: str, now: int, top: int | None = None) -> list[Record]:
+        """The top long-term records by relevance + recency + importance, each normalised over the
+        candidates; retrieval refreshes their recency."""
+        if not self.long:
+            return []
+        top = top or self.config.retrieve_top
+        vector = np.asarray(self.embed([query]), dtype=float)[0]
+        relevance = cosine(vector, np.asarray([r.embedding for r in self.long]))
+        importance = np.array([r.importance for r in self.long])
+        score = normalise(relevance) + normalise(self.recency(self.long, now)) + normalise(importance)
+        order = sorted(range(len(self.long)), key=lambda i: (-score[i], i))[:top]
+        chosen = [self.long[i] for i in order]
+        for record in chosen:
+            record.accessed = now
+        return chosen
+
+    def forget(self, now: int) -> int:
+        """Forget each long-term record with probability g(M); returns how many were forgotten."""
+        if not self.long:
+            return 0
+        # normalised into (0, 1): the formula needs 0 < s, r < 1
+        s = np.array([r.importance for r in self.long]).clip(1e-6, 1 - 1e-6)
+        r = self.recency(self.long, now).clip(1e-6, 1 - 1e-6)
+        g = forget_probability(s, r, self.config.forget_beta, self.config.forget_delta)
+        draws = self.rng.random(len(self.long))
+        keep = draws >= g
+        forgotten = int((~keep).sum())
+        self.long = [record for record, k in zip(self.long, keep, strict=True) if k]
+        self.counts["forgotten"] += forgotten
+        return forgotten
+
+    def reflect(self, now: int, top: int = 10) -> Record | None:
+        """A higher-level insight from the most important long-term records, then near-duplicates merged."""
+        reflection = None
+        if self.long:
+            best = sorted(self.long, key=lambda r: (-r.importance, -r.created))[:top]
+            text = self.model.reflect([r.text for r in best])
+            if text:
+                vector = np.asarray(self.embed([text]), dtype=float)[0]
+                importance = max(r.importance for r in best)
+                reflection = Record(text, importance, now, now, vector.tolist(), kind="reflection")
+                self.long.append(reflection)
+                self.counts["reflections"] += 1
+        self.merge()
+        return reflection
+
+    def merge(self) -> int:
+        """Merge long-term records whose cosine reaches merge_similarity: the more important (then the
+        newer) stays and absorbs the other's enhancements. Returns how many were merged away."""
+        merged = 0
+        i = 0
+        while i < len(self.long):
+            vectors = np.asarray([r.embedding for r in self.long])
+            similarity = cosine(vectors[i], vectors)
+            similarity[i] = -1
+            j = int(similarity.argmax())
+            if similarity[j] >= self.config.merge_similarity:
+                a, b = self.long[i], self.long[j]
+                keep, drop = (a, b) if (a.importance, a.created) >= (b.importance, b.created) else (b, a)
+                keep.enhanced += drop.enhanced + 1
+                keep.enhancers.append(drop.text)
+                self.long.remove(drop)
+                merged += 1
+                i = 0  # indices moved: start over (few records per agent)
+                continue
+            i += 1
+        self.counts["merged"] += merged
+        return merged
+
+    # -- what a prompt reads -----------------------------------------------------------------------------
+    def context(self, query: str, now: int) -> list[str]:
+        return [r.text for r in self.retrieve(query, now)] + [r.text for r in self.short]
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {
+            "short": [asdict(r) for r in self.short],
+            "long": [asdict(r) for r in self.long],
+            "counts": dict(self.counts),
+        }
+
+    def load_json(self, state: dict) -> None:
+        self.short = [Record(**r) for r in state["short"]]
+        self.long = [Record(**r) for r in state["long"]]
+        self.counts = Counter(state["counts"])

@@ -1,0 +1,49 @@
+"""The sandbox config: nested typed sections, overrides, and errors that name the file and the field."""
+
+import pytest
+
+from agents.sandbox.config import ConfigError, load_config
+
+
+def test_defaults_overrides_and_nested_sections(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "rounds: 4\nmemory:\n  enhance_times: 2\nrecommender:\n  kind: popularity\nllm:\n  backend: hf\n"
+    )
+    config = load_config(path, ["memory.retrieve_top=7", "graph.homophily=0.5"])
+    assert (config.rounds, config.memory.enhance_times, config.memory.retrieve_top) == (4, 2, 7)
+    assert config.recommender.kind == "popularity" and config.graph.homophily == 0.5
+    assert config.llm.backend == "hf" and config.memory.forget_beta == 2.0  # untouched defaults
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("memory:\n  forget_beta: 0.5\n", "memory.forget_beta: Input should be greater than 1"),
+        ("memory:\n  nope: 1\n", "memory.nope: Unexpected keyword argument"),
+        ("nope: 1\n", "nope: Unexpected keyword argument"),
+        ("llm:\n  nope: 1\n", "llm.nope: unknown setting"),
+        ("recommender:\n  kind: magic\n", "recommender.kind: String should match pattern"),
+        ("rounds: many\n", "rounds: Input should be a valid integer"),
+        ("- a list\n", "expected a mapping"),
+    ],
+)
+def test_bad_settings_name_the_file_and_the_field(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(path)
+    assert str(path) in str(error.value)
+
+
+def test_parsing_a_sandbox_config_does_not_import_trl():
+    import subprocess
+    import sys
+
+    code = "import sys; from agents.sandbox.config import load_config; load_config(None); print('trl' in sys.modules)"
+    from data_prep.paths import REPO_ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"

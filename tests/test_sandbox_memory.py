@@ -1,0 +1,140 @@
+"""The sandbox's memory with a scripted backend and a hand-made embedding: enhancement, promotion with
+insights, the forgetting formula, retrieval order, reflection merging, checkpoints."""
+
+import json
+
+import numpy as np
+import pytest
+
+from agents.sandbox.config import MemoryConfig
+from agents.sandbox.memory import LLMMemoryModel, Memory, Record, forget_probability
+
+THEMES = ("comedy", "horror", "cooking")
+
+
+def embed(texts):
+    """One axis per theme word (a text without one points elsewhere): cosine 1 within a theme, 0 across."""
+    return np.array(
+        [[float(w in t) for w in THEMES] + [float(not any(w in t for w in THEMES))] for t in texts]
+    )
+
+
+class ScriptedBackend:
+    """Answers in order; records what it was asked."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = list(answers), []
+
+    def generate(self, conversations, sampling, constraint=None):
+        self.calls.append((conversations, constraint))
+        return [self.answers.pop(0) for _ in conversations]
+
+
+def compressed(summary, importance):
+    return json.dumps({"summary": summary, "importance": importance})
+
+
+def memory(answers, **settings):
+    backend = ScriptedBackend(answers)
+    config = MemoryConfig(**{"importance_threshold": 0.3, "enhance_times": 2, **settings})
+    return Memory(config, embed, LLMMemoryModel(backend), np.random.default_rng(0)), backend
+
+
+def test_sensory_memory_compresses_in_one_batch_and_drops_the_unimportant():
+    mem, backend = memory([compressed("I laughed at a comedy", 8), compressed("It rained", 2)])
+    kept = mem.observe(["Watched a comedy and laughed a lot", "It rained today"], now=1)
+    assert [r.text for r in kept] == ["I laughed at a comedy"] and kept[0].importance == 0.8
+    assert len(backend.calls) == 1 and len(backend.calls[0][0]) == 2  # one batched call
+    assert backend.calls[0][1].kind == "json"  # a structured output
+    assert mem.counts["dropped"] == 1 and [r.text for r in mem.short] == ["I laughed at a comedy"]
+
+
+def test_enhancement_counts_and_promotion_moves_record_enhancers_and_insight_to_long_term():
+    answers = [compressed("comedy one", 6), compressed("comedy two", 7), compressed("horror night", 5)]
+    answers += [compressed("comedy three", 4), json.dumps({"insight": "I love comedy"})]
+    mem, _ = memory(answers)
+    mem.observe(["a", "b", "c"], now=1)  # comedy two enhances comedy one; horror is new
+    assert [(r.text, r.enhanced) for r in mem.short] == [("comedy one", 1), ("horror night", 0)]
+    assert mem.short[0].importance == 0.7  # the enhancer's higher importance
+    mem.observe(["d"], now=2)  # the second enhancement: promoted with an insight
+    assert [r.text for r in mem.short] == ["horror night"]
+    assert [(r.text, r.kind) for r in mem.long] == [
+        ("comedy one", "observation"),
+        ("comedy two", "observation"),
+        ("comedy three", "observation"),
+        ("I love comedy", "insight"),
+    ]
+    assert mem.counts["enhanced"] == 2 and mem.counts["insights"] == 1
+
+
+def test_the_forgetting_formula_by_hand():
+    g = forget_probability(np.array([0.5, 0.9, 0.2]), np.array([0.5, 0.9, 0.1]), beta=2.0, delta=0.1)
+    # 1 - (0.5+0.5)/2 * max(0.25, 0.1);  1 - 0.9 * max(0.81, 0.1);  1 - 0.15 * max(0.01, 0.1)
+    assert g == pytest.approx([0.875, 0.271, 0.985])
+
+
+def test_forgetting_draws_from_the_run_generator_and_keeps_the_recent_and_important():
+    mem, _ = memory([])
+    mem.long = [
+        Record("fresh and vital", 0.99, 9, 10, [1, 0, 0, 0]),  # g = 1 - 0.99 * 0.98 ~ 0.03
+        Record("old and trivial", 0.01, 0, 0, [0, 1, 0, 0]),  # recency 0.99^10 = 0.904, s = 0.01: g ~ 0.62
+    ]
+    mem.rng = type("Draws", (), {"random": lambda self, n: np.array([0.5, 0.5])})()
+    assert mem.forget(now=10) == 1 and [r.text for r in mem.long] == ["fresh and vital"]
+
+
+def test_retrieval_ranks_by_normalised_relevance_recency_importance_and_refreshes_access():
+    mem, _ = memory([])
+    mem.long = [
+        Record("horror film", 0.9, 0, 0, embed(["horror"])[0].tolist()),  # 0 + 0 + 1 = 1
+        Record(
+            "comedy film", 0.1, 0, 0, embed(["comedy"])[0].tolist()
+        ),  # 1 + 0 + 0 = 1, older index wins ties
+        Record("comedy night", 0.5, 5, 5, embed(["comedy"])[0].tolist()),  # 1 + 1 + 0.5 = 2.5
+    ]
+    got = mem.retrieve("a comedy please", now=5, top=2)
+    assert [r.text for r in got] == ["comedy night", "horror film"]
+    assert [r.accessed for r in mem.long] == [5, 0, 5]  # the retrieved were accessed now
+
+
+def test_reflection_adds_an_insight_and_merges_near_duplicates():
+    mem, backend = memory([json.dumps({"insight": "I am a film person"})], merge_similarity=0.95)
+    mem.long = [
+        Record("comedy A", 0.4, 1, 1, embed(["comedy"])[0].tolist()),
+        Record("comedy B", 0.6, 2, 2, embed(["comedy"])[0].tolist()),
+        Record("horror C", 0.5, 3, 3, embed(["horror"])[0].tolist()),
+    ]
+    reflection = mem.reflect(now=4)
+    assert reflection.kind == "reflection" and reflection.text == "I am a film person"
+    assert reflection.importance == 0.6
+    assert [r.text for r in mem.long] == ["comedy B", "horror C", "I am a film person"]
+    assert mem.long[0].enhancers == ["comedy A"] and mem.counts["merged"] == 1
+    assert "comedy B" in backend.calls[0][0][0][0]["content"]
+
+
+def test_a_prompt_reads_top_long_term_and_all_short_term():
+    mem, _ = memory([], retrieve_top=1)
+    mem.long = [Record("horror film", 0.2, 0, 0, embed(["horror"])[0].tolist())]
+    mem.long.append(Record("comedy film", 0.9, 0, 0, embed(["comedy"])[0].tolist()))
+    mem.short = [Record("cooking show", 0.5, 1, 1, embed(["cooking"])[0].tolist())]
+    assert mem.context("comedy", now=1) == ["comedy film", "cooking show"]
+
+
+def test_unusable_answers_fall_back_and_are_counted_never_clamped():
+    mem, _ = memory(["not json", compressed("too important", 11), compressed("fine", 5)], enhance_times=9)
+    kept = mem.observe(["first", "second", "third"], now=0)
+    assert [(r.text, r.importance) for r in kept][:2] == [("first", 0.5), ("second", 0.5)]
+    assert mem.model.counts["fallbacks"] == 2 and mem.model.counts["unparsable"] == 1
+
+
+def test_a_checkpoint_restores_the_same_next_state():
+    answers = [compressed("comedy one", 6), compressed("horror", 5), compressed("comedy two", 7)]
+    mem, _ = memory(answers + answers)
+    mem.observe(["a", "b"], now=1)
+    state = json.loads(json.dumps(mem.to_json()))  # through JSON text, as on disk
+    twin, _ = memory(answers[2:])
+    twin.load_json(state)
+    mem.model.backend.answers = answers[2:]
+    mem.observe(["c"], now=2)
+    twin.observe(["c"], now=2)
+    assert twin.to_json() == mem.to_json()
