@@ -41,6 +41,12 @@ class Retriever:
         self.method = "embedding" if encoder is not None else "bm25"
         self.encoded = 0  # texts sent to the encoder
 
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Unit-length embeddings of the texts (cached); needs an encoder."""
+        if self.encoder is None:
+            raise ValueError("embeddings need an encoder (BM25 ranks, it does not embed)")
+        return self._embed(list(texts))
+
     def _embed(self, texts: list[str]) -> np.ndarray:
         todo = [t for t in dict.fromkeys(texts) if t not in self._cache]
         if todo:

@@ -158,7 +158,11 @@ class Memory:
         threshold in short-term memory. Returns the records kept."""
         if not observations:
             return []
-        compressed = self.model.compress(observations)
+        return self.store(self.model.compress(observations), now)
+
+    def store(self, compressed: list[tuple[str, float]], now: int) -> list[Record]:
+        """Keep compressed observations (text, importance) at or above the threshold in short-term
+        memory (the world compresses a whole round's observations of all agents in one call)."""
         kept = [(text, score) for text, score in compressed if score >= self.config.importance_threshold]
         self.counts["dropped"] += len(compressed) - len(kept)
         if not kept:

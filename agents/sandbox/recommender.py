@@ -28,8 +28,8 @@ class RandomRecommender:
     def __init__(self, items: list[int], rng: np.random.Generator, config=None):
         self.items, self.rng = sorted(items), rng
 
-    def fit(self, clicks: list[tuple[int, int]]) -> None:
-        pass
+    def fit(self, clicks: list[tuple[int, int]], seed: int | None = None) -> None:
+        self.seed = None
 
     def rank(self, user: int, exclude: set[int], n: int) -> list[int]:
         candidates = [i for i in self.items if i not in exclude]
@@ -44,7 +44,8 @@ class PopularityRecommender:
         self.items, self.rng = sorted(items), rng
         self.order = list(self.items)
 
-    def fit(self, clicks: list[tuple[int, int]]) -> None:
+    def fit(self, clicks: list[tuple[int, int]], seed: int | None = None) -> None:
+        self.seed = None
         counts = Counter(item for _, item in clicks)
         self.order = sorted(self.items, key=lambda i: (-counts[i], i))
 
@@ -65,10 +66,10 @@ class MFRecommender:
         self.items, self.rng, self.config = sorted(items), rng, config
         self.item_index = {item: i for i, item in enumerate(self.items)}
         self.popular = PopularityRecommender(items, rng)
-        self.model, self.user_index, self.matrix = None, {}, None
+        self.model, self.user_index, self.matrix, self.seed = None, {}, None, None
         self.fits = 0
 
-    def fit(self, clicks: list[tuple[int, int]]) -> None:
+    def fit(self, clicks: list[tuple[int, int]], seed: int | None = None) -> None:
         import scipy.sparse as sp
         from implicit.als import AlternatingLeastSquares
         from threadpoolctl import threadpool_limits
@@ -81,12 +82,12 @@ class MFRecommender:
         self.matrix = sp.csr_matrix(
             (np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(users), len(self.items))
         )
-        seed = int(self.rng.integers(2**31 - 1))  # from the run's one generator
+        self.seed = int(self.rng.integers(2**31 - 1)) if seed is None else seed  # from the run's generator
         self.model = AlternatingLeastSquares(
             factors=self.config.factors,
             iterations=self.config.iterations,
             regularization=self.config.regularization,
-            random_state=seed,
+            random_state=self.seed,
         )
         with threadpool_limits(1, "blas"):  # implicit's advice; also keeps runs repeatable
             self.model.fit(self.matrix, show_progress=False)
@@ -125,9 +126,11 @@ class Feed:
         self.recommender = RECOMMENDERS[config.kind](items, rng, config)
         self.clicks: list[tuple[int, int]] = []  # history + simulated watches, in order
 
-    def train(self, clicks: list[tuple[int, int]]) -> None:
+    def train(self, clicks: list[tuple[int, int]], seed: int | None = None) -> None:
+        """Fit on these clicks; ``seed`` repeats an earlier fit exactly (a resumed run), otherwise the
+        recommender draws one from the run's generator."""
         self.clicks = list(clicks)
-        self.recommender.fit(self.clicks)
+        self.recommender.fit(self.clicks, seed)
 
     def page(self, user: int, exclude: set[int]) -> tuple[list[int], list[int]]:
         """(items, injected): the page in display order and which of them were injected at random."""
