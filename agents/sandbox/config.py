@@ -74,6 +74,7 @@ class SandboxConfig:
     rounds: int = Field(5, ge=1)
     seed: int = 0
     chat: str = Field("two-sided", pattern="^(two-sided|one-call)$")  # one-call: cheaper, labelled
+    temperature: float = Field(0.7, ge=0)  # sampling; each call's seed is drawn from the run's generator
     activity: ActivityConfig = field(default_factory=ActivityConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     recommender: RecommenderConfig = field(default_factory=RecommenderConfig)

@@ -36,6 +36,11 @@ from agents.sandbox.prompts import frame
 from agents.sandbox.recommender import Feed
 
 PLACES = ["recommender", "social", "nothing"]
+PLACE_TEXT = {
+    "recommender": "browse the movies the recommender suggests, and maybe watch some",
+    "social": "chat with a friend or post to your friends",
+    "nothing": "do nothing for now",
+}
 MAX_STEPS = 3
 CHAT_TURNS = 2  # each side speaks this often
 
@@ -46,7 +51,14 @@ def step_schema(page_size: int) -> Constraint:
             "type": "object",
             "properties": {
                 "action": {"type": "string", "enum": ["watch", "next", "search", "leave"]},
-                "items": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": page_size}},
+                # one to page_size item numbers (ignored unless watching): a bounded list, so a small
+                # model can neither answer "watch" with nothing nor repeat numbers until cut off
+                "items": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 1, "maximum": page_size},
+                    "minItems": 1,
+                    "maxItems": page_size,
+                },
                 "query": {"type": "string", "maxLength": 80},
                 "feeling": {"type": "string", "maxLength": 200},
             },
@@ -125,7 +137,6 @@ class World:
         self.feed.train(self.history)
         self.round = 0
         self.counts: Counter = Counter()
-        self.sampling = Sampling(max_new_tokens=160, seed=config.seed)
 
     def _by_title(self) -> dict[str, int]:
         if not hasattr(self, "_titles"):
@@ -140,7 +151,9 @@ class World:
         answers = [""] * len(names)
         machine = [i for i, n in enumerate(names) if not (self.human and self.human.plays(n))]
         if machine:
-            out = self.backend.generate([prompts[i] for i in machine], self.sampling, constraint)
+            # a fresh seed per call from the run's generator: varied, and the same on a rerun
+            sampling = Sampling(160, self.config.temperature, 1.0, int(self.rng.integers(2**31 - 1)))
+            out = self.backend.generate([prompts[i] for i in machine], sampling, constraint)
             for i, text in zip(machine, out, strict=True):
                 answers[i] = text
             self.counts[f"llm_calls:{kind}"] += len(machine)
@@ -172,21 +185,21 @@ class World:
         if cap and len(active) > cap:
             active = [active[i] for i in sorted(self.rng.choice(len(active), size=cap, replace=False))]
         names = [a.profile.name for a in active]
-        prompts = [
-            self.prompt(
-                a,
-                "Where do you go now: the movie recommender, the social network, or nowhere?",
-                "",
-                "movies friends",
-            )
-            for a in active
-        ]
+        prompts = []
+        for (
+            agent
+        ) in active:  # options in an order drawn per agent, so a small model's position bias averages out
+            order = [PLACES[i] for i in self.rng.permutation(len(PLACES))]
+            listing = "\n".join(f"{p}: {PLACE_TEXT[p]}" for p in order)
+            instruction = f"What do you do now? Answer with one word:\n{listing}"
+            prompts.append(self.prompt(agent, instruction, "", "movies friends"))
         choices = self.ask("place", names, prompts, Constraint.choice(PLACES))
         browsing, social = [], []
         for agent, choice in zip(active, choices, strict=True):
             if choice not in PLACES:
                 self.counts["fallback:place"] += 1
-                choice = "nothing"
+                self.log(events, agent.profile.name, "go:nothing", fallback=True, answer=choice)
+                continue
             self.log(events, agent.profile.name, f"go:{choice}")
             (browsing if choice == "recommender" else social if choice == "social" else []).append(agent)
         self.browse(browsing, events, shown)
@@ -245,7 +258,7 @@ class World:
                     action == "watch" and (not numbers or not valid_numbers)
                 ):
                     self.counts["fallback:recommender"] += 1
-                    self.log(events, name, "leave", fallback=True)
+                    self.log(events, name, "leave", fallback=True, answer=text)
                     continue
                 if action == "watch":
                     for k in dict.fromkeys(numbers):
@@ -313,7 +326,7 @@ class World:
                 ok = False
             if not ok:
                 self.counts["fallback:social"] += 1
-                self.log(events, agent.profile.name, "nothing", fallback=True)
+                self.log(events, agent.profile.name, "nothing", fallback=True, answer=text)
                 continue
             if value["action"] == "post":
                 posts.append((agent, str(value["text"])))
@@ -367,6 +380,7 @@ class World:
                     value = parse_json(text)
                     if not value or not value.get("say"):
                         self.counts["fallback:chat"] += 1
+                        self.log(events, me.profile.name, "chat-turn", fallback=True, answer=text)
                         continue
                     dialogue.append((me.profile.name, str(value["say"])))
         for (a, b, _), dialogue in zip(chats, dialogues, strict=True):
