@@ -184,7 +184,8 @@ def finish(out: Path, world: World, config) -> dict:
         axes[0].plot(rounds, [r[key] for r in rows], marker="o", label=key.replace("_", " "))
     axes[0].set_xlabel("round")
     axes[0].legend()
-    axes[1].plot(rounds, [r["exposure_genre_entropy"] for r in rows], marker="o")
+    shown = [r for r in rows if r["exposure_genre_entropy"] is not None]
+    axes[1].plot([r["round"] for r in shown], [r["exposure_genre_entropy"] for r in shown], marker="o")
     axes[1].set_xlabel("round")
     axes[1].set_ylabel("exposure genre entropy (bits)")
     fig.tight_layout()

@@ -420,7 +420,7 @@ class World:
     def statistics(self, events: list[dict], shown: list[int], active: int) -> dict:
         genres = Counter(g for i in shown for g in self.movies[i].genres)
         total = sum(genres.values())
-        entropy = -sum(c / total * np.log2(c / total) for c in genres.values()) if total else 0.0
+        entropy = -sum(c / total * np.log2(c / total) for c in genres.values()) if total else None
         actions = Counter(e["action"] for e in events)
         return {
             "round": self.round,
@@ -429,7 +429,9 @@ class World:
             "chats": actions["chat"],
             "posts": actions["post"],
             "items_shown": len(shown),
-            "exposure_genre_entropy": round(float(entropy), 4),
+            "exposure_genre_entropy": None
+            if entropy is None
+            else round(float(entropy), 4),  # None: nothing shown
         }
 
     # -- checkpoints -----------------------------------------------------------------------------------------
