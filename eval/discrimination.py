@@ -40,23 +40,34 @@ PAPER = {  # the paper's Table 3 (20 MovieLens-1M users, ChatGPT), for reference
 }
 
 
-def make_cases(data, users: list[int], a: int, b: int, rng: np.random.Generator) -> list[dict]:
+def make_cases(data, users: list[int], a: int, b: int, rng: np.random.Generator, skipped=None) -> list[dict]:
+    """One case per user; a user with fewer than b possible distractors before the cutoff is left
+    out and listed in ``skipped`` (reported in results.json)."""
     by_user = data.by_user()
-    catalogue = sorted(data.movies)
+    first_rated: dict[int, int] = {}
+    for r in data.ratings:  # time order: the first rating of each movie
+        first_rated.setdefault(r.movie, r.ts)
     cases = []
     for user in users:
         ratings = by_user[user]  # time order, ties by movie id
         held = [r.movie for r in ratings[-a:]]
+        cutoff = ratings[-a].ts
         rated = {r.movie for r in ratings}
-        unseen = [m for m in catalogue if m not in rated]
+        # distractors: movies the user never rated that someone had rated before the cutoff (a film
+        # released later would give itself away)
+        unseen = [m for m in sorted(first_rated) if m not in rated and first_rated[m] < cutoff]
+        if len(unseen) < b:
+            if skipped is not None:
+                skipped.append(user)
+            continue
         distractors = [unseen[i] for i in rng.choice(len(unseen), size=b, replace=False)]
         candidates = [*held, *distractors]
         order = rng.permutation(len(candidates))
         cases.append(
             {
                 "user": user,
-                "cutoff": ratings[-a].ts,
-                "history": [r.movie for r in ratings[:-a]],
+                "cutoff": cutoff,
+                "history": [r.movie for r in ratings[:-a] if r.ts < cutoff],  # strictly older
                 "held": held,
                 "candidates": [candidates[i] for i in order],
             }
@@ -96,22 +107,20 @@ def pick_embedding(cases, a, data, encoder, **_):
     return picks
 
 
-_MF_SCORES: dict = {}  # (user, cutoff) -> scores: settings with the same a share their training
-
-
-def pick_mf(cases, a, data, config, rng, **_):
+def pick_mf(cases, a, data, config, rng, cache=None, **_):
     """ALS trained per user on every rating older than that user's cutoff (nothing later)."""
     from agents.sandbox.recommender import MFRecommender
 
     picks = []
     for case in tqdm(cases, desc="mf per user", leave=False):
-        key = (id(data), case["user"], case["cutoff"])
-        if key not in _MF_SCORES:
+        key = (case["user"], case["cutoff"])  # settings with the same a share their training
+        if cache is None or key not in cache:
             clicks = [(r.user, r.movie) for r in data.ratings if r.ts < case["cutoff"]]
             mf = MFRecommender(list(data.movies), rng, config.recommender)
             mf.fit(clicks)
-            _MF_SCORES[key] = (mf.scores(case["user"]), mf.item_index)
-        scores, index = _MF_SCORES[key]
+            cache = {} if cache is None else cache
+            cache[key] = (mf.scores(case["user"]), mf.item_index)
+        scores, index = cache[key]
         if scores is None:  # no rating before the cutoff: popularity
             picks.append(pick_popularity([case], a, data)[0])
             continue
@@ -214,14 +223,20 @@ def run(config, out: Path, n_users: int, methods: list[str], backend=None, encod
 
         backend = load_llm(config.llm)
     results = {"users": users, "seed": config.seed, "settings": {}}
+    mf_cache: dict = {}
     for a, b in SETTINGS:
-        cases = make_cases(data, users, a, b, rng)
-        row = {"chance": round(a / (a + b), 4)}
+        # each setting and method its own generator from the seed: the cases and every method's draws
+        # do not depend on which other methods ran
+        skipped: list[int] = []
+        cases = make_cases(data, users, a, b, np.random.default_rng([config.seed, a, b]), skipped)
+        row = {"chance": round(a / (a + b), 4), "users_without_enough_distractors": skipped}
         for method in methods:
             counts = Counter()
+            method_rng = np.random.default_rng([config.seed, a, b, list(METHODS).index(method)])
             picks = METHODS[method](
-                cases, a, data=data, rng=rng, encoder=encoder, backend=backend, config=config, counts=counts
-            )
+                cases, a, data=data, rng=method_rng, encoder=encoder, backend=backend, config=config,
+                counts=counts, cache=mf_cache,
+            )  # fmt: skip
             row[method] = {**score(cases, picks), **dict(counts)}
             print(f"a={a} b={b} {method}: p={row[method]['p']} {row[method]['ci95']}")
         results["settings"][f"{a},{b}"] = row

@@ -45,4 +45,6 @@ class Scripted:
             )
         if "action" in keys:
             return json.dumps({"action": "post", "contact": 1, "text": f"{name} says hello"})
+        if "insight" in keys:
+            return json.dumps({"insight": f"{text.splitlines()[-1][:60]} (an insight)"})
         return json.dumps({"say": f"{name} answers"})

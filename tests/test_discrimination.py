@@ -25,13 +25,14 @@ def tiny():
 
 def test_cases_hold_out_the_latest_in_time_order_with_unrated_distractors():
     data = tiny()
-    (case,) = d.make_cases(data, [1], a=2, b=3, rng=np.random.default_rng(0))
+    (case,) = d.make_cases(data, [1], a=2, b=2, rng=np.random.default_rng(0))
     assert case["held"] == [3, 4] and case["cutoff"] == 30  # tie at 30 broken by movie id
-    assert case["history"] == [1, 2] and sorted(case["candidates"]) == sorted(
-        {3, 4} | set(case["candidates"])
-    )
-    distractors = set(case["candidates"]) - {3, 4}
-    assert len(distractors) == 3 and not distractors & {1, 2, 3, 4}
+    assert case["history"] == [1, 2] and len(case["candidates"]) == 4
+    # the only films user 1 never rated that anyone had rated before t=30: 5 and 6 (7 and 8 come later)
+    assert set(case["candidates"]) - {3, 4} == {5, 6}
+    skipped = []
+    assert d.make_cases(data, [1], a=2, b=3, rng=np.random.default_rng(0), skipped=skipped) == []
+    assert skipped == [1]  # not enough distractors before the cutoff: left out, reported
 
 
 def test_scores_by_hand():

@@ -4,6 +4,7 @@ prompts, the data's bad line is kept in rejects.jsonl."""
 
 import argparse
 import json
+import os
 
 import pytest
 from sandbox_fakes import Scripted, embed
@@ -15,6 +16,8 @@ SETTINGS = [
     "activity.pareto_xmin=1",
     "agents=4",
     "graph.mean_degree=2",
+    "memory.reflect_every=2",  # forgetting and reflection happen within the tests' rounds
+    "memory.enhance_times=1",  # and promotions with insights
 ]
 
 
@@ -104,6 +107,7 @@ def test_the_cluster_script_serves_on_localhost_and_keeps_the_key_off_the_comman
     result = subprocess.run(
         ["bash", "slurm/sandbox.sbatch", "--dry-run", "configs/sandbox/movielens.yaml", "runs/x", "--agents", "500"],
         cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "PORT", "MODEL")},
     )  # fmt: skip
     server, client = result.stdout.splitlines()
     assert "--host 127.0.0.1 --port 42345" in server and "key" not in server.lower()

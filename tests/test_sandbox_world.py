@@ -3,6 +3,7 @@ every contact in batched calls, unusable answers fall back and are counted, a ch
 identical next state, interviews answer, the seed decides the run."""
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -77,6 +78,8 @@ def test_a_checkpoint_resumes_to_the_identical_next_state(ml):
         "recommender.factors=8",
         "recommender.iterations=3",
         "recommender.rec_random_k=1",
+        "memory.reflect_every=2",  # forgetting, reflection and promotions within the rounds run here
+        "memory.enhance_times=1",
     ]
     live = world(ml, Scripted(places), overrides)
     live.step()
@@ -87,6 +90,10 @@ def test_a_checkpoint_resumes_to_the_identical_next_state(ml):
     resumed.restore(saved)
     events, stats = resumed.step()
     assert (events, stats) == (next_events, next_stats)
+    memory_counts = sum(
+        (a.memory.counts for a in live.agents.values()), start=__import__("collections").Counter()
+    )
+    assert memory_counts["reflections"] and memory_counts["insights"]  # both happened in the resumed span
     assert json.dumps(resumed.state(), sort_keys=True) == json.dumps(live.state(), sort_keys=True)
 
 

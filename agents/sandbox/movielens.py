@@ -22,9 +22,11 @@ class Movie:
     genres: list[str]
     tags: list[str] = field(default_factory=list)
 
-    def text(self) -> str:
-        """What search and embeddings read: title, genres, tags (MovieLens has no descriptions)."""
-        tags = f"; tags: {', '.join(self.tags[:10])}" if self.tags else ""
+    def text(self, tags: bool = True) -> str:
+        """What search and embeddings read: title, genres and (unless ``tags=False``) the first ten
+        user tags (MovieLens has no descriptions). Tags carry no time here: a test that must see only
+        the past (eval.discrimination) reads the text without them."""
+        tags = f"; tags: {', '.join(self.tags[:10])}" if tags and self.tags else ""
         return f"{self.title} ({', '.join(self.genres)}){tags}"
 
 

@@ -88,6 +88,7 @@ class MFRecommender:
             iterations=self.config.iterations,
             regularization=self.config.regularization,
             random_state=self.seed,
+            use_gpu=False,  # numpy factors, and the same on every machine
         )
         with threadpool_limits(1, "blas"):  # implicit's advice; also keeps runs repeatable
             self.model.fit(self.matrix, show_progress=False)

@@ -49,8 +49,13 @@ def write_json(path: Path, value) -> None:
 def keep_rounds(path: Path, last: int) -> None:
     """Drop lines of rounds after the checkpoint (written before a kill, redone on resume)."""
     if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = [line for line in lines if json.loads(line)["round"] <= last]
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["round"] <= last:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                pass  # a line cut off by a kill: its round is redone
         path.write_text("".join(line + "\n" for line in kept))
 
 
@@ -89,9 +94,22 @@ def build(config, out: Path, backend=None, embed=None, human=None) -> World:
     return World(config, profiles, data.movies, history, backend, embed, graph, rng, human)
 
 
+CONNECTION = (
+    "base_url",
+    "api_key_env",
+    "concurrency",
+    "timeout_s",
+    "max_retries",
+    "generation_batch_size",
+    "device",
+)
+
+
 def run_inputs(config, args) -> dict:
     settings = as_dict(config)
     settings.pop("rounds")  # a resume may run longer
+    for key in CONNECTION:  # how to reach the model, not which model: a requeued job gets another port
+        settings["llm"].pop(key, None)
     data = Path(config.data)
     files = [data / name for name in ("movies.csv", "ratings.csv", "tags.csv") if (data / name).exists()]
     inputs = {"config": settings, "data": fingerprint.digest_files(files, data)}
@@ -103,23 +121,25 @@ def run_inputs(config, args) -> dict:
 
 
 class Lock:
+    """One writer per run folder: an exclusive flock on RUN_DIR/.lock, held while the process lives
+    (the kernel releases it when the process dies, so a killed or requeued run is never locked out)."""
+
     def __init__(self, out: Path):
         self.path = out / ".lock"
 
     def __enter__(self):
+        import fcntl
+
+        self.handle = open(self.path, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            raise SystemExit(
-                f"error: {self.path.parent} is held by another process ({self.path}); "
-                "if none runs, remove the lock"
-            ) from None
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            raise SystemExit(f"error: {self.path.parent} is held by another process") from None
         return self
 
     def __exit__(self, *exc):
-        self.path.unlink(missing_ok=True)
+        self.handle.close()  # releases the lock
 
 
 def run(args, backend=None, embed=None) -> dict:

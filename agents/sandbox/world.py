@@ -179,6 +179,8 @@ class World:
         """One round. Returns its interactions and statistics."""
         self.round += 1
         events: list[dict] = []
+        if any(a.inbox for a in self.agents.values()):  # a broadcast since the last round: heard first
+            self.remember()
         shown: list[int] = []
         active = [a for a in self.agents.values() if self.rng.random() < a.activity]
         cap = self.config.activity.max_active
@@ -223,6 +225,7 @@ class World:
             shown.extend(items)
             self.log(events, agent.profile.name, "browse", items=items, injected=injected)
         visiting = list(agents)
+        seen = {name: set(items) for name, items in pages.items()}
         for _ in range(MAX_STEPS):
             if not visiting:
                 break
@@ -272,7 +275,8 @@ class World:
                 if action == "leave":
                     self.log(events, name, "leave")
                     continue
-                exclude = self.known[name] | set(agent.watched) | set(page)
+                seen[name] |= set(page)
+                exclude = self.known[name] | set(agent.watched) | seen[name]  # nothing shown twice in a visit
                 if action == "next":
                     page, _ = self.feed.page(agent.profile.id, exclude)
                 else:
@@ -296,6 +300,10 @@ class World:
 
     def socialise(self, agents: list[Agent], events: list) -> None:
         contacts = {a.profile.name: sorted(self.graph.get(a.profile.name, ())) for a in agents}
+        for agent in agents:
+            if not contacts[agent.profile.name]:
+                self.counts["social_without_contacts"] += 1
+                self.log(events, agent.profile.name, "nothing", reason="no contacts")
         agents = [a for a in agents if contacts[a.profile.name]]
         if not agents:
             return
@@ -358,9 +366,13 @@ class World:
                 for a, b, opening in chats
             ]
             answers = self.ask("chat", [a.profile.name for a, _, _ in chats], prompts, SAY)
-            for dialogue, text in zip(dialogues, answers, strict=True):
+            for (a, _, _), dialogue, text in zip(chats, dialogues, answers, strict=True):
                 value = parse_json(text)
-                dialogue.append(("(one call)", str(value["say"]) if value and value.get("say") else ""))
+                if not value or not value.get("say"):
+                    self.counts["fallback:chat"] += 1
+                    self.log(events, a.profile.name, "chat-turn", fallback=True, answer=text)
+                    continue
+                dialogue.append(("(one call)", str(value["say"])))
         else:
             for turn in range(2 * CHAT_TURNS - 1):
                 speakers = [(b if turn % 2 == 0 else a, a if turn % 2 == 0 else b) for a, b, _ in chats]
