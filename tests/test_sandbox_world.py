@@ -90,9 +90,7 @@ def test_a_checkpoint_resumes_to_the_identical_next_state(ml):
     resumed.restore(saved)
     events, stats = resumed.step()
     assert (events, stats) == (next_events, next_stats)
-    memory_counts = sum(
-        (a.memory.counts for a in live.agents.values()), start=__import__("collections").Counter()
-    )
+    memory_counts = sum((a.memory.counts for a in live.agents.values()), start=Counter())
     assert memory_counts["reflections"] and memory_counts["insights"]  # both happened in the resumed span
     assert json.dumps(resumed.state(), sort_keys=True) == json.dumps(live.state(), sort_keys=True)
 
