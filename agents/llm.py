@@ -61,6 +61,18 @@ class Constraint:
         return Constraint("json", schema=json.dumps(schema, sort_keys=True))
 
     @staticmethod
+    def json_object(**properties: dict) -> Constraint:
+        """A JSON object with exactly these properties (JSON schemas), all required."""
+        return Constraint.json(
+            {
+                "type": "object",
+                "properties": properties,
+                "required": list(properties),
+                "additionalProperties": False,
+            }
+        )
+
+    @staticmethod
     def choice(options: list[str]) -> Constraint:
         if not options:
             raise ValueError("a choice needs options")

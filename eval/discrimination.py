@@ -135,19 +135,12 @@ def pick_agent(cases, a, data, backend, rng, counts, history_titles: int = 10, *
     from agents.sandbox.prompts import frame
 
     size = len(cases[0]["candidates"])
-    schema = Constraint.json(
-        {
-            "type": "object",
-            "properties": {
-                "items": {
-                    "type": "array",
-                    "items": {"type": "integer", "minimum": 1, "maximum": size},
-                    "minItems": a,
-                    "maxItems": a,
-                }
-            },
-            "required": ["items"],
-            "additionalProperties": False,
+    schema = Constraint.json_object(
+        items={
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1, "maximum": size},
+            "minItems": a,
+            "maxItems": a,
         }
     )
     prompts = []

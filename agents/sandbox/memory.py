@@ -31,25 +31,11 @@ import numpy as np
 
 from agents.llm import Constraint, Sampling
 
-COMPRESS = Constraint.json(
-    {
-        "type": "object",
-        "properties": {
-            "summary": {"type": "string", "minLength": 1, "maxLength": 200},
-            "importance": {"type": "integer", "minimum": 1, "maximum": 10},
-        },
-        "required": ["summary", "importance"],
-        "additionalProperties": False,
-    }
+COMPRESS = Constraint.json_object(
+    summary={"type": "string", "minLength": 1, "maxLength": 200},
+    importance={"type": "integer", "minimum": 1, "maximum": 10},
 )
-SENTENCE = Constraint.json(
-    {
-        "type": "object",
-        "properties": {"insight": {"type": "string", "minLength": 1, "maxLength": 200}},
-        "required": ["insight"],
-        "additionalProperties": False,
-    }
-)
+SENTENCE = Constraint.json_object(insight={"type": "string", "minLength": 1, "maxLength": 200})
 
 
 @dataclass

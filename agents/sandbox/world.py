@@ -46,51 +46,30 @@ CHAT_TURNS = 2  # each side speaks this often
 
 
 def step_schema(page_size: int) -> Constraint:
-    return Constraint.json(
-        {
-            "type": "object",
-            "properties": {
-                "action": {"type": "string", "enum": ["watch", "next", "search", "leave"]},
-                # one to page_size item numbers (ignored unless watching): a bounded list, so a small
-                # model can neither answer "watch" with nothing nor repeat numbers until cut off
-                "items": {
-                    "type": "array",
-                    "items": {"type": "integer", "minimum": 1, "maximum": page_size},
-                    "minItems": 1,
-                    "maxItems": page_size,
-                },
-                "query": {"type": "string", "maxLength": 80},
-                "feeling": {"type": "string", "maxLength": 200},
-            },
-            "required": ["action", "items", "query", "feeling"],
-            "additionalProperties": False,
-        }
+    return Constraint.json_object(
+        action={"type": "string", "enum": ["watch", "next", "search", "leave"]},
+        # one to page_size item numbers (ignored unless watching): a bounded list, so a small model can
+        # neither answer "watch" with nothing nor repeat numbers until it is cut off
+        items={
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1, "maximum": page_size},
+            "minItems": 1,
+            "maxItems": page_size,
+        },
+        query={"type": "string", "maxLength": 80},
+        feeling={"type": "string", "maxLength": 200},
     )
 
 
 def social_schema(contacts: int) -> Constraint:
-    return Constraint.json(
-        {
-            "type": "object",
-            "properties": {
-                "action": {"type": "string", "enum": ["chat", "post"]},
-                "contact": {"type": "integer", "minimum": 1, "maximum": max(contacts, 1)},
-                "text": {"type": "string", "minLength": 1, "maxLength": 280},
-            },
-            "required": ["action", "contact", "text"],
-            "additionalProperties": False,
-        }
+    return Constraint.json_object(
+        action={"type": "string", "enum": ["chat", "post"]},
+        contact={"type": "integer", "minimum": 1, "maximum": max(contacts, 1)},
+        text={"type": "string", "minLength": 1, "maxLength": 280},
     )
 
 
-SAY = Constraint.json(
-    {
-        "type": "object",
-        "properties": {"say": {"type": "string", "minLength": 1, "maxLength": 280}},
-        "required": ["say"],
-        "additionalProperties": False,
-    }
-)
+SAY = Constraint.json_object(say={"type": "string", "minLength": 1, "maxLength": 280})
 
 
 def parse_json(text: str) -> dict | None:
