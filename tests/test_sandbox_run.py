@@ -93,6 +93,16 @@ def test_an_edited_profile_reaches_the_next_rounds_prompts(raw, tmp_path):
             "new": "loves silent films",
         }
     ]
+    for field, value, message in (
+        ("age", "500", "not a whole number in"),
+        ("features", "Lurker", "unknown behaviour"),
+    ):
+        bad = argparse.Namespace(run=str(tmp_path), command="edit", agent=name, field=field, value=value)
+        with pytest.raises(SystemExit, match=message):
+            intervene(bad)
+    assert (
+        json.loads((tmp_path / "checkpoint.json").read_text())["agents"][0]["profile"]["age"] is None
+    )  # unchanged
     with pytest.raises(SystemExit, match="no agent 'Nobody'"):
         intervene(
             argparse.Namespace(run=str(tmp_path), command="edit", agent="Nobody", field="traits", value="x")

@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.sandbox import movielens
-from agents.sandbox.config import as_dict, load_config
+from agents.sandbox.config import FEATURES, as_dict, load_config
 from agents.sandbox.profiles import combine, load_profiles, movielens_profiles
 from agents.sandbox.social import generate_graph, load_edges
 from agents.sandbox.world import World
@@ -168,6 +168,9 @@ def run(args, backend=None, embed=None) -> dict:
         fingerprint.record(out, inputs)
         write_json(out / "config.json", as_dict(config))  # what interviews rebuild the world from
         world = build(config, out, backend, embed, HumanPlayer(args.human) if args.human else None)
+        if args.human and args.human not in world.agents:
+            names = ", ".join(list(world.agents)[:10])
+            raise SystemExit(f"error: --human {args.human!r} is not an agent of this run ({names} ...)")
         if checkpoint.exists():
             world.restore(json.loads(checkpoint.read_text()))
             print(f"resuming after round {world.round}")
@@ -268,7 +271,16 @@ def intervene(args) -> None:
                 else args.value
             )
             if args.field == "age":
+                if not args.value.strip().isdigit() or not 0 <= int(args.value) <= 120:
+                    raise SystemExit(
+                        f"error: age {args.value!r} is not a whole number in [0, 120]; nothing changed"
+                    )
                 value = int(value)
+            unknown = sorted(set(value) - set(FEATURES)) if args.field == "features" else []
+            if unknown:
+                raise SystemExit(
+                    f"error: unknown behaviour feature {unknown[0]!r} (one of {', '.join(FEATURES)}); nothing changed"
+                )
             record.update(agent=args.agent, field=args.field, old=entry["profile"][args.field], new=value)
             entry["profile"][args.field] = value
             write_json(checkpoint, state)
