@@ -242,8 +242,12 @@ def run(config, out: Path, n_users: int, methods: list[str], backend=None, encod
 
 def table(results: dict, methods: list[str]) -> str:
     keys = [f"{a},{b}" for a, b in SETTINGS]
+    scored = results["settings"][keys[0]][methods[0]]["users"] if methods else 0
+    left_out = len(results["settings"][keys[0]]["users_without_enough_distractors"])
     lines = [
-        f"| method ({len(results['users'])} users) | " + " | ".join(f"(a,b)=({k})" for k in keys) + " |",
+        f"| method ({scored} users, {left_out} left out) | "
+        + " | ".join(f"(a,b)=({k})" for k in keys)
+        + " |",
         "|---|" + "---|" * len(keys),
         "| chance a/(a+b) | " + " | ".join(f"{results['settings'][k]['chance']:.2f}" for k in keys) + " |",
     ]
