@@ -11,7 +11,7 @@ from data_prep.paths import REPO_ROOT
 ENTRY_POINTS = [
     "data_prep.build", "data_prep.split", "data_prep.pairs", "data_prep.fetch_sample",
     "train.sft", "train.batch", "agents.simulate", "agents.suite", "eval.review", "eval.baselines",
-    "bench.gpu_check",
+    "bench.gpu_check", "bench.sandbox_bench", "eval.discrimination", "agents.sandbox",
 ]  # fmt: skip
 
 
