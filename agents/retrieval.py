@@ -82,3 +82,15 @@ class Retriever:
             if texts:
                 self._embed(texts)
         return [self.rank(q, reviews, k) for q, reviews, k in requests]
+
+
+def hashed_bag_of_words(texts: list[str], dims: int = 32) -> np.ndarray:
+    """A deterministic, model-free stand-in for a sentence encoder (unit-length hashed word counts):
+    for tests and for benchmarks that measure everything but the encoder."""
+    import hashlib
+
+    out = np.zeros((len(texts), dims))
+    for row, text in enumerate(texts):
+        for word in text.lower().split():
+            out[row, int(hashlib.md5(word.encode()).hexdigest(), 16) % dims] += 1
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)

@@ -25,6 +25,7 @@ from collections import Counter
 
 import numpy as np
 
+from agents.retrieval import hashed_bag_of_words
 from agents.sandbox import movielens
 from agents.sandbox.social import fit_pareto
 
@@ -79,14 +80,6 @@ class OneAtATime:
         return [self.backend.generate([c], sampling, constraint)[0] for c in conversations]
 
 
-def hashed_embed(texts):
-    out = np.zeros((len(texts), 64))
-    for row, text in enumerate(texts):
-        for word in text.lower().split():
-            out[row, int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1
-    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
-
-
 def one_round(data, n: int, backend, seed: int = 0) -> tuple[float, int]:
     from agents.sandbox.config import load_config
     from agents.sandbox.profiles import Profile
@@ -103,7 +96,9 @@ def one_round(data, n: int, backend, seed: int = 0) -> tuple[float, int]:
     names = [p.name for p in profiles]
     graph = generate_graph(names, [p.interests for p in profiles], 3, 0.0, rng)
     history = [(r.user, r.movie) for r in data.ratings]
-    world = World(config, profiles, data.movies, history, backend, hashed_embed, graph, rng)
+    world = World(
+        config, profiles, data.movies, history, backend, lambda t: hashed_bag_of_words(t, 64), graph, rng
+    )
     start = time.perf_counter()
     world.step()
     answers = (

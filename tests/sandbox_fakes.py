@@ -1,20 +1,14 @@
 """A scripted, deterministic backend and encoder for the sandbox tests."""
 
-import hashlib
 import json
 
-import numpy as np
-
 from agents.llm import Constraint
+from agents.retrieval import hashed_bag_of_words
 
 
 def embed(texts):
-    """A deterministic stand-in for the sentence encoder: hashed bag of words, unit length."""
-    out = np.zeros((len(texts), 32))
-    for row, text in enumerate(texts):
-        for word in text.lower().split():
-            out[row, int(hashlib.md5(word.encode()).hexdigest(), 16) % 32] += 1
-    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+    """A deterministic stand-in for the sentence encoder."""
+    return hashed_bag_of_words(texts, 32)
 
 
 class Scripted:
