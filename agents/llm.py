@@ -138,6 +138,10 @@ class Sampling:
     seed: int = 0
 
 
+# LLMConfig settings that change how fast answers come, not what they are: run fingerprints leave them out
+EXECUTION_FIELDS = ("generation_batch_size", "device", "concurrency", "timeout_s", "max_retries")
+
+
 @dataclass
 class LLMConfig:
     backend: str = "hf"  # hf | vllm | openai

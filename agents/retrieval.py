@@ -29,6 +29,11 @@ def bm25_scores(query: str, documents: list[str], k1: float = 1.5, b: float = 0.
     return scores
 
 
+def top_indices(scores: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Indices of the k highest scores, best first, ties by index (all of them when k is None)."""
+    return np.argsort(-np.asarray(scores), kind="stable")[:k]
+
+
 class Retriever:
     """``encoder``: texts -> embeddings (e.g. eval.backends' packaged MiniLM); None means BM25.
 
@@ -68,7 +73,7 @@ class Retriever:
             scores = vectors[1:] @ vectors[0]
         else:
             scores = bm25_scores(query, texts)
-        return [reviews[i] for i in np.argsort(-scores, kind="stable")[:k]]
+        return [reviews[i] for i in top_indices(scores, k)]
 
     def rank_many(self, requests: list[tuple[str, list[dict], int]]) -> list[list[dict]]:
         """``rank`` for each (query, reviews, k), with all new texts encoded together first."""

@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from agents.retrieval import top_indices
+
 SETTINGS = ((1, 5), (3, 3), (3, 7), (1, 9))
 PAPER = {  # the paper's Table 3 (20 MovieLens-1M users, ChatGPT), for reference
     "Embedding (paper)": (0.25, 0.55, 0.45, 0.30),
@@ -102,8 +104,7 @@ def pick_embedding(cases, a, data, encoder, **_):
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         profile = vectors[: len(case["history"])].mean(axis=0)
         scores = vectors[len(case["history"]) :] @ profile
-        order = np.lexsort((np.arange(len(scores)), -scores))[:a]
-        picks.append([case["candidates"][i] for i in order])
+        picks.append([case["candidates"][i] for i in top_indices(scores, a)])
     return picks
 
 
@@ -125,8 +126,7 @@ def pick_mf(cases, a, data, config, rng, cache=None, **_):
             picks.append(pick_popularity([case], a, data)[0])
             continue
         candidate = np.array([scores[index[m]] for m in case["candidates"]])
-        order = np.lexsort((np.arange(len(candidate)), -candidate))[:a]
-        picks.append([case["candidates"][i] for i in order])
+        picks.append([case["candidates"][i] for i in top_indices(candidate, a)])
     return picks
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from agents.sandbox import movielens
-from agents.sandbox.profiles import ProfileError, combine, load_profiles, movielens_profiles
+from agents.sandbox.profiles import ProfileError, aligned_profiles, combine, load_profiles, movielens_profiles
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,9 @@ def test_aligned_profiles_are_drawn_with_the_seed_and_carry_whole_titles(ml):
         assert profile.watched == [ml.movies[r.movie].title for r in by_user[profile.id]]
         assert min(len(title) for title in profile.watched) > 3  # titles, not single characters
         assert 1 <= len(profile.interests) <= 3 and profile.source == "movielens"
+    assert aligned_profiles(ml, [p.id for p in first]) == first  # the same profiles by id
+    with pytest.raises(ProfileError, match="no MovieLens user 9999"):
+        aligned_profiles(ml, [9999])
     with pytest.raises(ProfileError, match="611 agents asked for, but the data has 610 users"):
         movielens_profiles(ml, 611, np.random.default_rng(0))
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig
 from agents.review.agent import COUNTS, AgentConfig, ReviewAgent
 from data_prep import fingerprint
@@ -45,15 +46,7 @@ from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
 
 # Settings that change how fast a run goes, not what it predicts: left out of the fingerprint.
-EXECUTION_FIELDS = {
-    "batch_size",
-    "generation_batch_size",
-    "device",
-    "concurrency",
-    "timeout_s",
-    "max_retries",
-    "gpu_memory_utilization",
-}
+EXECUTION_FIELDS = {"batch_size", "gpu_memory_utilization", *LLM_EXECUTION_FIELDS}
 WORK_FILES = ("predictions.jsonl", "errors.jsonl", "invocations.jsonl", "star_model.json")
 PACKAGES = ["torch", "transformers", "peft", "sentence-transformers"]
 

@@ -108,25 +108,21 @@ class LLMMemoryModel:
                 out.append((str(value["summary"]), score / 10))
         return out
 
-    def insight(self, record: str, enhancers: list[str]) -> str:
-        prompt = (
-            "These memories repeat one theme. Write the insight they add up to, in one sentence.\n"
-            + "\n".join(f"- {t}" for t in [record, *enhancers])
-        )
-        value = self._ask([prompt], SENTENCE, "insight")[0]
+    def _insight(self, instruction: str, texts: list[str]) -> str | None:
+        """One sentence from these memories; None for an unusable answer (counted as a fallback)."""
+        value = self._ask([instruction + "\n" + "\n".join(f"- {t}" for t in texts)], SENTENCE, "insight")[0]
         if value is None:
             self.counts["fallbacks"] += 1
-            return record
+            return None
         return str(value["insight"])
 
+    def insight(self, record: str, enhancers: list[str]) -> str:
+        """The insight a repeated theme adds up to; the record itself when the answer is unusable."""
+        instruction = "These memories repeat one theme. Write the insight they add up to, in one sentence."
+        return self._insight(instruction, [record, *enhancers]) or record
+
     def reflect(self, texts: list[str]) -> str | None:
-        prompt = "From these memories, write one higher-level insight about yourself.\n" + "\n".join(
-            f"- {t}" for t in texts
-        )
-        value = self._ask([prompt], SENTENCE, "insight")[0]
-        if value is None:
-            self.counts["fallbacks"] += 1
-        return None if value is None else str(value["insight"])
+        return self._insight("From these memories, write one higher-level insight about yourself.", texts)
 
 
 class Memory:
@@ -217,7 +213,7 @@ class Memory:
         """Forget each long-term record with probability g(M); returns how many were forgotten."""
         if not self.long:
             return 0
-        # normalised into (0, 1): the formula needs 0 < s, r < 1
+        # importance and recency are already in (0, 1]; the formula needs them strictly inside (0, 1)
         s = np.array([r.importance for r in self.long]).clip(1e-6, 1 - 1e-6)
         r = self.recency(self.long, now).clip(1e-6, 1 - 1e-6)
         g = forget_probability(s, r, self.config.forget_beta, self.config.forget_delta)

@@ -145,8 +145,18 @@ def movielens_profiles(
     if n > len(users):
         raise ProfileError(f"{n} agents asked for, but the data has {len(users)} users")
     chosen = sorted(int(u) for u in rng.choice(users, size=n, replace=False))
+    return aligned_profiles(data, chosen, liked, top_genres)
+
+
+def aligned_profiles(data, users: list[int], liked: float = 4.0, top_genres: int = 3) -> list[Profile]:
+    """The profiles of these MovieLens users (see movielens_profiles); a user without ratings is an
+    error."""
+    by_user = data.by_user()
+    unknown = [u for u in users if u not in by_user]
+    if unknown:
+        raise ProfileError(f"no MovieLens user {unknown[0]} in the data")
     profiles = []
-    for user in chosen:
+    for user in users:
         ratings = by_user[user]
         genres = Counter(g for r in ratings if r.stars >= liked for g in data.movies[r.movie].genres)
         genres.pop("(no genres listed)", None)

@@ -23,6 +23,8 @@ from collections import Counter
 
 import numpy as np
 
+from agents.retrieval import top_indices
+
 
 class RandomRecommender:
     def __init__(self, items: list[int], rng: np.random.Generator, config=None):
@@ -104,9 +106,8 @@ class MFRecommender:
         scores = self.scores(user)
         if scores is None:
             return self.popular.rank(user, exclude, n)
-        order = np.lexsort((np.arange(len(scores)), -scores))  # best first, ties by item id
         out = []
-        for index in order:
+        for index in top_indices(scores):  # best first, ties by item id
             item = self.items[index]
             if item not in exclude:
                 out.append(item)

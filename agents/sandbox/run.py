@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from agents.llm import EXECUTION_FIELDS
 from agents.sandbox import movielens
 from agents.sandbox.config import FEATURES, as_dict, load_config
-from agents.sandbox.profiles import combine, load_profiles, movielens_profiles
+from agents.sandbox.profiles import aligned_profiles, combine, load_profiles, movielens_profiles
 from agents.sandbox.social import generate_graph, load_edges
 from agents.sandbox.world import World
 from data_prep import fingerprint
@@ -67,11 +68,7 @@ def build(config, out: Path, backend=None, embed=None, human=None) -> World:
     if config.profiles:
         handcrafted = load_profiles(config.profiles)
         users = set(data.by_user())
-        aligned = [
-            p
-            for p in movielens_profiles(data, len(users), np.random.default_rng(0))
-            if p.id in {h.id for h in handcrafted}
-        ]
+        aligned = aligned_profiles(data, sorted(h.id for h in handcrafted if h.id in users))
         profiles = combine(aligned, handcrafted) + [h for h in handcrafted if h.id not in users]
     else:
         profiles = movielens_profiles(data, config.agents, rng)
@@ -94,21 +91,14 @@ def build(config, out: Path, backend=None, embed=None, human=None) -> World:
     return World(config, profiles, data.movies, history, backend, embed, graph, rng, human)
 
 
-CONNECTION = (
-    "base_url",
-    "api_key_env",
-    "concurrency",
-    "timeout_s",
-    "max_retries",
-    "generation_batch_size",
-    "device",
-)
+# how to reach the model, not which model (a requeued job gets another port), and how fast it answers
+CONNECTION = ("base_url", "api_key_env", *EXECUTION_FIELDS)
 
 
-def run_inputs(config, args) -> dict:
+def run_inputs(config) -> dict:
     settings = as_dict(config)
     settings.pop("rounds")  # a resume may run longer
-    for key in CONNECTION:  # how to reach the model, not which model: a requeued job gets another port
+    for key in CONNECTION:
         settings["llm"].pop(key, None)
     data = Path(config.data)
     files = [data / name for name in ("movies.csv", "ratings.csv", "tags.csv") if (data / name).exists()]
@@ -153,7 +143,7 @@ def run(args, backend=None, embed=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with Lock(out):
         checkpoint = out / "checkpoint.json"
-        inputs = run_inputs(config, args)
+        inputs = run_inputs(config)
         keep = fingerprint.verdict(out, inputs, overwrite=args.overwrite, has_work=checkpoint.exists())
         if not keep:
             for name in (

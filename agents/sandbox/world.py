@@ -30,10 +30,12 @@ from dataclasses import asdict
 import numpy as np
 
 from agents.llm import Constraint, Sampling
+from agents.retrieval import bm25_scores, top_indices
 from agents.sandbox.memory import LLMMemoryModel, Memory
 from agents.sandbox.profiles import Profile
 from agents.sandbox.prompts import frame
 from agents.sandbox.recommender import Feed
+from agents.sandbox.social import activity_levels
 
 PLACES = ["recommender", "social", "nothing"]
 PLACE_TEXT = {
@@ -97,19 +99,15 @@ class World:
         self.config, self.movies, self.backend, self.embed, self.graph = config, movies, backend, embed, graph
         self.rng, self.human = rng, human
         self.model = LLMMemoryModel(backend)
-        self.agents = {p.name: Agent(p, Memory(config.memory, embed, self.model, rng), 0.0) for p in profiles}
-        self.known = {
-            p.name: {m for m in (self._by_title().get(t) for t in p.watched) if m is not None}
-            for p in profiles
-        }
-        levels = np.asarray(
-            np.minimum(
-                1.0,
-                config.activity.pareto_xmin * (1 + rng.pareto(config.activity.pareto_alpha, len(profiles))),
-            )
+        self.titles = {m.title: m.id for m in movies.values()}
+        levels = activity_levels(
+            len(profiles), config.activity.pareto_alpha, config.activity.pareto_xmin, rng
         )
-        for agent, level in zip(self.agents.values(), levels, strict=True):
-            agent.activity = float(level)
+        self.agents = {
+            p.name: Agent(p, Memory(config.memory, embed, self.model, rng), float(level))
+            for p, level in zip(profiles, levels, strict=True)
+        }
+        self.known = self.known_movies()
         self.history = list(history)
         self.feed = Feed(config.recommender, list(movies), rng)
         self.fitted_on: list[tuple[int, int]] = []  # the simulated clicks of the last retraining
@@ -117,10 +115,12 @@ class World:
         self.round = 0
         self.counts: Counter = Counter()
 
-    def _by_title(self) -> dict[str, int]:
-        if not hasattr(self, "_titles"):
-            self._titles = {m.title: m.id for m in self.movies.values()}
-        return self._titles
+    def known_movies(self) -> dict[str, set[int]]:
+        """Each agent's real watched history (from its profile) as movie ids: never recommended again."""
+        return {
+            name: {self.titles[t] for t in agent.profile.watched if t in self.titles}
+            for name, agent in self.agents.items()
+        }
 
     # -- the LLM, batched ----------------------------------------------------------------------------------
     def ask(
@@ -167,9 +167,8 @@ class World:
             active = [active[i] for i in sorted(self.rng.choice(len(active), size=cap, replace=False))]
         names = [a.profile.name for a in active]
         prompts = []
-        for (
-            agent
-        ) in active:  # options in an order drawn per agent, so a small model's position bias averages out
+        for agent in active:
+            # the options in an order drawn per agent, so a small model's position bias averages out
             order = [PLACES[i] for i in self.rng.permutation(len(PLACES))]
             listing = "\n".join(f"{p}: {PLACE_TEXT[p]}" for p in order)
             instruction = f"What do you do now? Answer with one word:\n{listing}"
@@ -249,7 +248,6 @@ class World:
                         feeling = str(value.get("feeling") or "")
                         self.log(events, name, "watch", item, feeling)
                         agent.inbox.append(f"I watched {self.movies[item].title}. {feeling}".strip())
-                    self.counts["watches"] += len(dict.fromkeys(numbers))
                     continue  # a visit ends with watching
                 if action == "leave":
                     self.log(events, name, "leave")
@@ -270,12 +268,9 @@ class World:
 
     def search(self, query: str, exclude: set[int]) -> list[int]:
         """Items whose title, genres and tags match the query best (BM25 over the catalogue)."""
-        from agents.retrieval import bm25_scores
-
         ids = [i for i in sorted(self.movies) if i not in exclude]
         scores = bm25_scores(query, [self.movies[i].text() for i in ids])
-        order = np.lexsort((np.arange(len(ids)), -scores))[: self.config.recommender.page_size]
-        return [ids[k] for k in order]
+        return [ids[k] for k in top_indices(scores, self.config.recommender.page_size)]
 
     def socialise(self, agents: list[Agent], events: list) -> None:
         contacts = {a.profile.name: sorted(self.graph.get(a.profile.name, ())) for a in agents}
@@ -324,7 +319,6 @@ class World:
             agent.inbox.append(f"I posted: {text}")
             for name in contacts[agent.profile.name]:
                 self.agents[name].inbox.append(f"{agent.profile.name} posted: {text}")
-            self.counts["posts"] += 1
             self.counts["post_deliveries"] += len(contacts[agent.profile.name])
         self.chat(chats, events)
 
@@ -379,7 +373,6 @@ class World:
             self.log(events, a.profile.name, "chat", text=text, partner=b.profile.name, mode=self.config.chat)
             for me, other in ((a, b), (b, a)):
                 me.inbox.append(f"I chatted with {other.profile.name}:\n{text}")
-            self.counts["chats"] += 1
 
     def remember(self) -> None:
         """Every agent's observations of the round, compressed in one batched call, then stored."""
@@ -411,7 +404,10 @@ class World:
     def statistics(self, events: list[dict], shown: list[int], active: int) -> dict:
         genres = Counter(g for i in shown for g in self.movies[i].genres)
         total = sum(genres.values())
-        entropy = -sum(c / total * np.log2(c / total) for c in genres.values()) if total else None
+        # None when nothing was shown: no exposure to measure
+        entropy = (
+            round(float(-sum(c / total * np.log2(c / total) for c in genres.values())), 4) if total else None
+        )
         actions = Counter(e["action"] for e in events)
         return {
             "round": self.round,
@@ -420,9 +416,7 @@ class World:
             "chats": actions["chat"],
             "posts": actions["post"],
             "items_shown": len(shown),
-            "exposure_genre_entropy": None
-            if entropy is None
-            else round(float(entropy), 4),  # None: nothing shown
+            "exposure_genre_entropy": entropy,
         }
 
     # -- checkpoints -----------------------------------------------------------------------------------------
@@ -458,10 +452,7 @@ class World:
             agent.watched = list(entry["watched"])
             agent.memory.load_json(entry["memory"])
             self.agents[profile.name] = agent
-        self.known = {
-            a.profile.name: {m for m in (self._by_title().get(t) for t in a.profile.watched) if m is not None}
-            for a in self.agents.values()
-        }
+        self.known = self.known_movies()
         # the recommender exactly as it was after its last fit: same clicks, same seed
         self.fitted_on = [tuple(c) for c in state["feed"]["fitted_on"]]
         self.feed.train(self.history + self.fitted_on, state["feed"]["seed"])
