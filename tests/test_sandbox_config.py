@@ -47,3 +47,13 @@ def test_parsing_a_sandbox_config_does_not_import_trl():
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_every_shipped_sandbox_config_loads():
+    from data_prep.paths import REPO_ROOT
+
+    configs = sorted((REPO_ROOT / "configs" / "sandbox").glob("*.yaml"))
+    assert configs
+    for path in configs:
+        config = load_config(path)
+        assert config.agents >= 1 and config.llm.model
