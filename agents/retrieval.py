@@ -13,20 +13,36 @@ import numpy as np
 _WORD = re.compile(r"\w+")
 
 
+class BM25:
+    """Okapi BM25 over a fixed corpus, tokenised once into postings (a catalogue searched many times)."""
+
+    def __init__(self, documents: list[str], k1: float = 1.5, b: float = 0.75):
+        self.k1, self.b, self.n = k1, b, len(documents)
+        self.postings: dict[str, list[tuple[int, int]]] = {}  # term -> [(document, term frequency)]
+        lengths = []
+        for i, document in enumerate(documents):
+            words = _WORD.findall(document.lower())
+            lengths.append(len(words))
+            for term, tf in Counter(words).items():
+                self.postings.setdefault(term, []).append((i, tf))
+        self.lengths = np.array(lengths, dtype=float)
+        self.avg = float(self.lengths.mean()) if documents else 0.0
+
+    def scores(self, query: str) -> np.ndarray:
+        k1, b = self.k1, self.b
+        scores = np.zeros(self.n)
+        for term in set(_WORD.findall(query.lower())):
+            postings = self.postings.get(term, [])
+            df = len(postings)
+            idf = math.log(1 + (self.n - df + 0.5) / (df + 0.5))
+            for i, tf in postings:
+                scores[i] += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * self.lengths[i] / (self.avg or 1)))
+        return scores
+
+
 def bm25_scores(query: str, documents: list[str], k1: float = 1.5, b: float = 0.75) -> np.ndarray:
     """Okapi BM25 of every document for the query, with the documents themselves as the corpus."""
-    docs = [_WORD.findall(d.lower()) for d in documents]
-    terms = set(_WORD.findall(query.lower()))
-    n, avg = len(docs), (sum(map(len, docs)) / len(docs)) if docs else 0.0
-    df = Counter(t for d in docs for t in set(d) if t in terms)
-    scores = np.zeros(n)
-    for i, doc in enumerate(docs):
-        tf = Counter(doc)
-        for t in terms:
-            if tf[t]:
-                idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
-                scores[i] += idf * tf[t] * (k1 + 1) / (tf[t] + k1 * (1 - b + b * len(doc) / (avg or 1)))
-    return scores
+    return BM25(documents, k1, b).scores(query)
 
 
 def top_indices(scores: np.ndarray, k: int | None = None) -> np.ndarray:

@@ -104,3 +104,13 @@ def test_the_seed_decides_the_run_and_interviews_answer(ml):
     name = next(iter(one.agents))
     assert one.interview(name, "What did you watch?") == f"{name} answers"
     assert PLACES == ["recommender", "social", "nothing"]
+
+
+def test_search_ranks_the_catalogue_and_skips_what_the_agent_has_seen(ml):
+    w = world(ml, Scripted({}))
+    toy = [m.id for m in ml.movies.values() if "toy story" in m.title.lower()]
+    found = w.search("Toy Story", set())
+    assert len(found) == w.config.recommender.page_size and set(toy) <= set(found)
+    again = w.search("Toy Story", set(toy))
+    assert not set(toy) & set(again) and len(again) == len(found)
+    assert w.search("Toy Story", set(ml.movies) - {toy[0]}) == [toy[0]]  # only one left to show

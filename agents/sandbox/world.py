@@ -30,7 +30,7 @@ from dataclasses import asdict
 import numpy as np
 
 from agents.llm import Constraint, Sampling
-from agents.retrieval import bm25_scores, top_indices
+from agents.retrieval import BM25, top_indices
 from agents.sandbox.memory import LLMMemoryModel, Memory
 from agents.sandbox.profiles import Profile
 from agents.sandbox.prompts import frame
@@ -100,6 +100,8 @@ class World:
         self.rng, self.human = rng, human
         self.model = LLMMemoryModel(backend)
         self.titles = {m.title: m.id for m in movies.values()}
+        self.catalogue = sorted(movies)  # search's corpus, indexed once
+        self.index = BM25([movies[i].text() for i in self.catalogue])
         levels = activity_levels(
             len(profiles), config.activity.pareto_alpha, config.activity.pareto_xmin, rng
         )
@@ -268,9 +270,11 @@ class World:
 
     def search(self, query: str, exclude: set[int]) -> list[int]:
         """Items whose title, genres and tags match the query best (BM25 over the catalogue)."""
-        ids = [i for i in sorted(self.movies) if i not in exclude]
-        scores = bm25_scores(query, [self.movies[i].text() for i in ids])
-        return [ids[k] for k in top_indices(scores, self.config.recommender.page_size)]
+        scores = self.index.scores(query)
+        blocked = [k for k, i in enumerate(self.catalogue) if i in exclude]
+        scores[blocked] = -np.inf
+        size = min(self.config.recommender.page_size, len(self.catalogue) - len(blocked))
+        return [self.catalogue[k] for k in top_indices(scores, size)]
 
     def socialise(self, agents: list[Agent], events: list) -> None:
         contacts = {a.profile.name: sorted(self.graph.get(a.profile.name, ())) for a in agents}
