@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from agents.sandbox.config import MemoryConfig
-from agents.sandbox.memory import LLMMemoryModel, Memory, Record, forget_probability
+from agents.sandbox.memory import (
+    LLMMemoryModel,
+    Memory,
+    Record,
+    forget_probability,
+    promote_due,
+    reflect_all,
+)
 
 THEMES = ("comedy", "horror", "cooking")
 
@@ -138,3 +145,20 @@ def test_a_checkpoint_restores_the_same_next_state():
     mem.observe(["c"], now=2)
     twin.observe(["c"], now=2)
     assert twin.to_json() == mem.to_json()
+
+
+def test_insights_and_reflections_of_many_agents_take_one_batched_call_each():
+    backend = ScriptedBackend([json.dumps({"insight": f"insight {k}"}) for k in range(5)])
+    model = LLMMemoryModel(backend)
+    config = MemoryConfig(importance_threshold=0.3, enhance_times=1)
+    memories = [Memory(config, embed, model, np.random.default_rng(k)) for k in range(3)]
+    for k, mem in enumerate(memories[:2]):  # two agents each repeat a theme once: both due
+        mem.store([(f"comedy {k}", 0.5), (f"comedy {k} again", 0.6)], now=1)
+        assert [r.text for r in mem.due] == [f"comedy {k}"] and mem.short == []
+    promote_due(memories, now=1)
+    assert len(backend.calls) == 1 and len(backend.calls[0][0]) == 2  # one call, one prompt per theme
+    assert [[r.kind for r in m.long] for m in memories[:2]] == [["observation"] * 2 + ["insight"]] * 2
+    assert memories[1].long[-1].text == "insight 1" and all(m.due == [] for m in memories)
+    reflections = reflect_all(memories, now=2)  # the third memory has nothing to reflect on
+    assert len(backend.calls) == 2 and len(backend.calls[1][0]) == 2
+    assert [r.text if r else None for r in reflections] == ["insight 2", "insight 3", None]

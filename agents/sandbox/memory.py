@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from agents.llm import Constraint, Sampling
+from agents.llm import Constraint, Sampling, count_tokens
 
 COMPRESS = Constraint.json_object(
     summary={"type": "string", "minLength": 1, "maxLength": 200},
@@ -79,6 +79,7 @@ class LLMMemoryModel:
             [[{"role": "user", "content": p}] for p in prompts], self.sampling, constraint
         )
         self.counts["llm_calls"] += len(prompts)
+        count_tokens(self.backend, self.counts)
         out = []
         for answer in answers:
             try:
@@ -108,21 +109,28 @@ class LLMMemoryModel:
                 out.append((str(value["summary"]), score / 10))
         return out
 
-    def _insight(self, instruction: str, texts: list[str]) -> str | None:
-        """One sentence from these memories; None for an unusable answer (counted as a fallback)."""
-        value = self._ask([instruction + "\n" + "\n".join(f"- {t}" for t in texts)], SENTENCE, "insight")[0]
-        if value is None:
-            self.counts["fallbacks"] += 1
-            return None
-        return str(value["insight"])
+    def _sentences(self, instruction: str, groups: list[list[str]]) -> list[str | None]:
+        """One sentence from each group of memories, all groups in one batched call; None for an unusable
+        answer (counted as a fallback)."""
+        if not groups:
+            return []
+        prompts = [instruction + "\n" + "\n".join(f"- {t}" for t in texts) for texts in groups]
+        out = []
+        for value in self._ask(prompts, SENTENCE, "insight"):
+            if value is None:
+                self.counts["fallbacks"] += 1
+            out.append(str(value["insight"]) if value else None)
+        return out
 
-    def insight(self, record: str, enhancers: list[str]) -> str:
-        """The insight a repeated theme adds up to; the record itself when the answer is unusable."""
+    def insights(self, themes: list[tuple[str, list[str]]]) -> list[str]:
+        """The insight each repeated theme (a record and its enhancers) adds up to; the record itself when
+        the answer is unusable."""
         instruction = "These memories repeat one theme. Write the insight they add up to, in one sentence."
-        return self._insight(instruction, [record, *enhancers]) or record
+        answers = self._sentences(instruction, [[record, *enhancers] for record, enhancers in themes])
+        return [answer or record for answer, (record, _) in zip(answers, themes, strict=True)]
 
-    def reflect(self, texts: list[str]) -> str | None:
-        return self._insight("From these memories, write one higher-level insight about yourself.", texts)
+    def reflections(self, groups: list[list[str]]) -> list[str | None]:
+        return self._sentences("From these memories, write one higher-level insight about yourself.", groups)
 
 
 class Memory:
@@ -132,19 +140,23 @@ class Memory:
         self.config, self.embed, self.model, self.rng = config, embed, model, rng
         self.short: list[Record] = []
         self.long: list[Record] = []
+        self.due: list[Record] = []  # enhanced enough, waiting for their insight (promote_due)
         self.counts: Counter = Counter()
 
     # -- sensory -> short-term -------------------------------------------------------------------------
     def observe(self, observations: list[str], now: int) -> list[Record]:
         """Compress and score the observations (one batched LLM call); keep those at or above the
-        threshold in short-term memory. Returns the records kept."""
+        threshold in short-term memory, and promote what is due. Returns the records kept."""
         if not observations:
             return []
-        return self.store(self.model.compress(observations), now)
+        kept = self.store(self.model.compress(observations), now)
+        promote_due([self], now)
+        return kept
 
     def store(self, compressed: list[tuple[str, float]], now: int) -> list[Record]:
         """Keep compressed observations (text, importance) at or above the threshold in short-term
-        memory (the world compresses a whole round's observations of all agents in one call)."""
+        memory (the world compresses a whole round's observations of all agents in one call, and then
+        promotes every agent's due records in one more: ``promote_due``)."""
         kept = [(text, score) for text, score in compressed if score >= self.config.importance_threshold]
         self.counts["dropped"] += len(compressed) - len(kept)
         if not kept:
@@ -169,17 +181,16 @@ class Memory:
                 target.importance = max(target.importance, record.importance)
                 self.counts["enhanced"] += 1
                 if target.enhanced >= self.config.enhance_times:
-                    self.promote(target, now)
+                    self.short.remove(target)
+                    self.due.append(target)
                 return
         self.short.append(record)
         while len(self.short) > self.config.short_term_capacity:
             self.long.append(self.short.pop(0))
             self.counts["moved_by_capacity"] += 1
 
-    def promote(self, record: Record, now: int) -> None:
-        """A record enhanced enough times: an insight from it and its enhancers; all move to long-term."""
-        self.short.remove(record)
-        text = self.model.insight(record.text, record.enhancers)
+    def promote(self, record: Record, text: str, now: int) -> None:
+        """A record enhanced enough times, with the insight from it and its enhancers: all to long-term."""
         vectors = np.asarray(self.embed([text, *record.enhancers]), dtype=float)
         insight = Record(text, record.importance, now, now, vectors[0].tolist(), kind="insight")
         enhancers = [
@@ -226,18 +237,7 @@ class Memory:
 
     def reflect(self, now: int, top: int = 10) -> Record | None:
         """A higher-level insight from the most important long-term records, then near-duplicates merged."""
-        reflection = None
-        if self.long:
-            best = sorted(self.long, key=lambda r: (-r.importance, -r.created))[:top]
-            text = self.model.reflect([r.text for r in best])
-            if text:
-                vector = np.asarray(self.embed([text]), dtype=float)[0]
-                importance = max(r.importance for r in best)
-                reflection = Record(text, importance, now, now, vector.tolist(), kind="reflection")
-                self.long.append(reflection)
-                self.counts["reflections"] += 1
-        self.merge()
-        return reflection
+        return reflect_all([self], now, top)[0]
 
     def merge(self) -> int:
         """Merge long-term records whose cosine reaches merge_similarity: the more important (then the
@@ -271,10 +271,48 @@ class Memory:
         return {
             "short": [asdict(r) for r in self.short],
             "long": [asdict(r) for r in self.long],
+            "due": [asdict(r) for r in self.due],
             "counts": dict(self.counts),
         }
 
     def load_json(self, state: dict) -> None:
         self.short = [Record(**r) for r in state["short"]]
         self.long = [Record(**r) for r in state["long"]]
+        self.due = [Record(**r) for r in state["due"]]
         self.counts = Counter(state["counts"])
+
+
+def promote_due(memories: list[Memory], now: int) -> None:
+    """Every record that reached ``enhance_times`` in any of these memories becomes an insight: one
+    batched LLM call for all of them (the world passes every agent's memory at once)."""
+    due = [(memory, record) for memory in memories for record in memory.due]
+    if not due:
+        return
+    model = due[0][0].model
+    texts = model.insights([(record.text, record.enhancers) for _, record in due])
+    for (memory, record), text in zip(due, texts, strict=True):
+        memory.promote(record, text, now)
+    for memory in memories:
+        memory.due = []
+
+
+def reflect_all(memories: list[Memory], now: int, top: int = 10) -> list[Record | None]:
+    """Each memory's reflection (a higher-level insight from its most important long-term records, one
+    batched LLM call for all), then its near-duplicates merged. Returns each memory's new record."""
+    asking = [m for m in memories if m.long]
+    best = {id(m): sorted(m.long, key=lambda r: (-r.importance, -r.created))[:top] for m in asking}
+    texts = asking[0].model.reflections([[r.text for r in best[id(m)]] for m in asking]) if asking else []
+    answers = {id(m): t for m, t in zip(asking, texts, strict=True)}
+    out = []
+    for memory in memories:
+        reflection = None
+        text = answers.get(id(memory))
+        if text:
+            vector = np.asarray(memory.embed([text]), dtype=float)[0]
+            importance = max(r.importance for r in best[id(memory)])
+            reflection = Record(text, importance, now, now, vector.tolist(), kind="reflection")
+            memory.long.append(reflection)
+            memory.counts["reflections"] += 1
+        memory.merge()
+        out.append(reflection)
+    return out

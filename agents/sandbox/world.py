@@ -29,9 +29,9 @@ from dataclasses import asdict
 
 import numpy as np
 
-from agents.llm import Constraint, Sampling
+from agents.llm import Constraint, Sampling, count_tokens
 from agents.retrieval import BM25, top_indices
-from agents.sandbox.memory import LLMMemoryModel, Memory
+from agents.sandbox.memory import LLMMemoryModel, Memory, promote_due, reflect_all
 from agents.sandbox.profiles import Profile
 from agents.sandbox.prompts import frame
 from agents.sandbox.recommender import Feed
@@ -139,6 +139,7 @@ class World:
                 answers[i] = text
             self.counts[f"llm_calls:{kind}"] += len(machine)
             self.counts["llm_batches"] += 1
+            count_tokens(self.backend, self.counts)
         for i, name in enumerate(names):
             if self.human and self.human.plays(name):
                 answers[i] = self.human.answer(kind, prompts[i], constraint)
@@ -191,9 +192,10 @@ class World:
             self.fitted_on = [(a.profile.id, i) for a in self.agents.values() for i in a.watched]
             self.feed.train(self.history + self.fitted_on)
         if self.round % self.config.memory.reflect_every == 0:
-            for agent in self.agents.values():
-                agent.memory.forget(self.round)
-                agent.memory.reflect(self.round)
+            memories = [agent.memory for agent in self.agents.values()]
+            for memory in memories:
+                memory.forget(self.round)
+            reflect_all(memories, self.round)  # one batched call for everyone
         return events, self.statistics(events, shown, len(active))
 
     def browse(self, agents: list[Agent], events: list, shown: list[int]) -> None:
@@ -392,6 +394,7 @@ class World:
             by_agent.setdefault(agent.profile.name, []).append(item)
         for name, items in by_agent.items():
             self.agents[name].memory.store(items, self.round)
+        promote_due([agent.memory for agent in self.agents.values()], self.round)  # one batched call
 
     def interview(self, name: str, question: str) -> str:
         agent = self.agents[name]
