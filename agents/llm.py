@@ -1,6 +1,7 @@
 """LLM backends behind one interface: a batch of chat conversations in, one text per conversation out.
 After each ``generate`` call, ``cut_short[i]`` says whether answer i stopped at ``max_new_tokens``
-rather than at its end (so a truncated review is counted, never silent).
+rather than at its end (so a truncated review is counted, never silent), and ``usage[i]`` is answer i's
+(prompt tokens, answer tokens) (None where a server does not say).
 
 **Structured outputs.** ``generate(..., constraint=...)`` makes every answer follow a ``Constraint``:
 
@@ -22,8 +23,10 @@ backend could not enforce (the agents count it per answer).
 - ``vllm``: vLLM's offline engine, with a LoRA request when an adapter is given (``max_lora_rank`` read
   from the adapter's config); vLLM is imported only when this backend is used;
 - ``openai``: any OpenAI-compatible endpoint (a vLLM server, a hosted model). The key comes from the
-  environment variable named by ``api_key_env``; requests run with bounded concurrency, a per-request
-  timeout, and the client's retries with exponential backoff on 429, 5xx and timeouts.
+  environment variable named by ``api_key_env``; several keys (``api_key_env: KEY_A,KEY_B``, one variable
+  each) take the requests in turn, ``concurrency`` × keys at once (a hosted model's rate limit is per
+  key); requests run with a per-request timeout, and the client's retries with exponential backoff
+  on 429, 5xx and timeouts.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,7 +155,7 @@ class LLMConfig:
     device: str = "auto"
     # openai
     base_url: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key_env: str = "OPENAI_API_KEY"  # several keys: variable names separated by commas
     concurrency: int = 8
     timeout_s: float = 60.0
     max_retries: int = 5
@@ -242,7 +246,7 @@ class HFBackend:
 
         torch.manual_seed(sampling.seed)
         outputs: list[str] = []
-        self.cut_short = []
+        self.cut_short, self.usage = [], []
         for start in range(0, len(conversations), self.batch_size):
             batch = self.encode(conversations[start : start + self.batch_size]).to(self.model.device)
             kwargs = {"do_sample": sampling.temperature > 0}
@@ -262,7 +266,13 @@ class HFBackend:
                 )
             new = generated[:, batch["input_ids"].shape[1] :]
             outputs.extend(self.tokenizer.batch_decode(new, skip_special_tokens=True))
-            self.cut_short += (new == self.tokenizer.eos_token_id).any(dim=1).logical_not().tolist()
+            ended = new == self.tokenizer.eos_token_id
+            self.cut_short += ended.any(dim=1).logical_not().tolist()
+            # answer tokens up to and including the first end token (the rest is padding)
+            lengths = torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, new.shape[1])
+            self.usage += list(
+                zip(batch["attention_mask"].sum(dim=1).tolist(), lengths.tolist(), strict=True)
+            )
         self.unconstrained = [False] * len(outputs)
         return outputs
 
@@ -332,20 +342,45 @@ class VLLMBackend:
         )
         outputs = self.engine.chat(conversations, params, lora_request=self.lora, use_tqdm=False)
         self.cut_short = [o.outputs[0].finish_reason == "length" for o in outputs]
+        self.usage = [(len(o.prompt_token_ids), len(o.outputs[0].token_ids)) for o in outputs]
         self.unconstrained = [False] * len(outputs)
         return [o.outputs[0].text for o in outputs]
+
+
+def count_tokens(backend, counts: Counter) -> None:
+    """Add the last call's prompt and answer tokens (where the backend reports them) to the counts."""
+    for used in getattr(backend, "usage", None) or []:
+        if used is not None:
+            counts["prompt_tokens"] += used[0]
+            counts["answer_tokens"] += used[1]
+
+
+def usage(response) -> tuple[int, int] | None:
+    """(prompt tokens, answer tokens) as the server reports them; None when it does not."""
+    if response.usage is None:
+        return None
+    return response.usage.prompt_tokens, response.usage.completion_tokens
 
 
 class OpenAIBackend:
     def __init__(self, config: LLMConfig):
         from openai import OpenAI
 
-        key = os.environ.get(config.api_key_env)
-        if not key:
-            raise SystemExit(f"error: set the API key in the environment variable {config.api_key_env}")
-        self.client = OpenAI(
-            base_url=config.base_url, api_key=key, timeout=config.timeout_s, max_retries=config.max_retries
-        )
+        names = [name.strip() for name in config.api_key_env.split(",") if name.strip()]
+        missing = [name for name in names if not os.environ.get(name)]
+        if missing or not names:
+            raise SystemExit(
+                f"error: set the API key in the environment variable {', '.join(missing or names)}"
+            )
+        self.clients = [  # one per key; request i goes to client i mod keys
+            OpenAI(
+                base_url=config.base_url,
+                api_key=os.environ[name],
+                timeout=config.timeout_s,
+                max_retries=config.max_retries,
+            )
+            for name in names
+        ]
         self.model, self.concurrency = config.model, config.concurrency
         self.tokenizer = None
         if config.tokenizer:
@@ -362,12 +397,13 @@ class OpenAIBackend:
             "model": config.model,
             "base_url": config.base_url,
             "tokenizer": config.tokenizer,
+            "keys": len(self.clients),
         }
         self.structured = True  # until the server refuses response_format
 
     def _one(
-        self, conversation: list[dict], sampling: Sampling, constraint: Constraint | None
-    ) -> tuple[str, bool]:
+        self, client, conversation: list[dict], sampling: Sampling, constraint: Constraint | None
+    ) -> tuple[str, bool, tuple[int, int] | None]:
         from openai import BadRequestError
 
         request = {
@@ -381,28 +417,33 @@ class OpenAIBackend:
         if constraint is not None and self.structured:
             schema = {"name": f"{constraint.kind}_answer", "schema": constraint.json_schema(), "strict": True}
             try:
-                response = self.client.chat.completions.create(
+                response = client.chat.completions.create(
                     **request, response_format={"type": "json_schema", "json_schema": schema}
                 )
                 choice = response.choices[0]
-                return constraint.from_json(choice.message.content or ""), choice.finish_reason == "length"
+                text = constraint.from_json(choice.message.content or "")
+                return text, choice.finish_reason == "length", usage(response)
             except BadRequestError as err:
                 if not any(word in str(err) for word in ("response_format", "json_schema")):
                     raise  # another problem with this request (too long, ...): the task's error
                 self.structured = False  # the server has no structured outputs: parse and retry instead
                 log.warning("the server refused response_format (%s); answers are parsed and retried", err)
-        response = self.client.chat.completions.create(**request)
+        response = client.chat.completions.create(**request)
         choice = response.choices[0]
-        return choice.message.content or "", choice.finish_reason == "length"
+        return choice.message.content or "", choice.finish_reason == "length", usage(response)
 
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
     ) -> list[str]:
-        with ThreadPoolExecutor(self.concurrency) as pool:
-            answers = list(pool.map(lambda c: self._one(c, sampling, constraint), conversations))
-        self.cut_short = [cut for _, cut in answers]
+        clients = [self.clients[i % len(self.clients)] for i in range(len(conversations))]
+        with ThreadPoolExecutor(self.concurrency * len(self.clients)) as pool:
+            answers = list(
+                pool.map(lambda k, c: self._one(k, c, sampling, constraint), clients, conversations)
+            )
+        self.cut_short = [cut for _, cut, _ in answers]
+        self.usage = [used for _, _, used in answers]
         self.unconstrained = [constraint is not None and not self.structured] * len(answers)
-        return [text for text, _ in answers]
+        return [text for text, _, _ in answers]
 
 
 def load_llm(config: LLMConfig):

@@ -78,6 +78,7 @@ class Scripted(BaseHTTPRequestHandler):
                     },
                 }
             ],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
         }
         data = json.dumps(reply).encode()
         self.send_response(200)
@@ -178,6 +179,21 @@ def test_a_remote_model_gets_prompts_fitted_with_its_own_tokenizer(
     assert unfitted.tokenizer is None
     unfitted.predict(tasks)
     assert max(count_tokens(tokenizer, b["messages"]) for b in Scripted.bodies) > 300  # the budget bites
+
+
+def test_several_api_keys_take_the_requests_in_turn_and_usage_is_reported(server, monkeypatch):
+    monkeypatch.setenv("TEST_KEY_A", "sk-a")
+    monkeypatch.setenv("TEST_KEY_B", "sk-b")
+    config = LLMConfig(backend="openai", model="m", base_url=server, api_key_env="TEST_KEY_A, TEST_KEY_B")
+    backend = OpenAIBackend(config)
+    conversations = [[{"role": "user", "content": str(i)}] for i in range(6)]
+    assert backend.generate(conversations, Sampling()) == [f"stars: 4\nreview: {i}" for i in range(6)]
+    assert sorted(Scripted.seen) == ["Bearer sk-a"] * 3 + ["Bearer sk-b"] * 3
+    assert backend.usage == [(7, 3)] * 6 and backend.info["keys"] == 2
+    assert "sk-a" not in json.dumps(backend.info) and "sk-b" not in json.dumps(backend.info)
+    monkeypatch.delenv("TEST_KEY_B")
+    with pytest.raises(SystemExit, match="TEST_KEY_B"):  # every named key must be set
+        OpenAIBackend(config)
 
 
 def test_openai_backend_needs_its_key(monkeypatch):
@@ -596,6 +612,9 @@ def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model, monkeypa
     assert all(together) and len(together) == 3
     # a random model does not end its answer within 8 tokens: every answer is flagged as cut short
     assert batched.cut_short == single.cut_short == [True, True, True]
+    prompt_tokens = [len(single.encode([c])["input_ids"][0]) for c in conversations]
+    assert batched.usage == single.usage == [(n, 8) for n in prompt_tokens]  # padding is not counted
+    assert prompt_tokens[1] > prompt_tokens[0]
     real = batched.model.generate
 
     def first_row_ends(**kwargs):  # the first answer ends at once (EOS), the others run to the cap
@@ -605,6 +624,7 @@ def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model, monkeypa
 
     monkeypatch.setattr(batched.model, "generate", first_row_ends)
     assert batched.generate(conversations, sampling)[0] == "" and batched.cut_short == [False, True, True]
+    assert [used for _, used in batched.usage] == [1, 8, 8]  # the end token counts, the padding not
 
 
 def test_hf_backend_constrained_answers_follow_the_format_even_from_a_random_model(tiny_model):
