@@ -1,11 +1,23 @@
 """Sandbox data and profiles: the MovieLens loader on the real sample, aligned profiles, handcrafted
-profiles and the errors bad profile files get (file and row, before any LLM call)."""
+profiles, profiles written by a (scripted) LLM, and the errors bad profile files get (file and row,
+before any LLM call)."""
+
+import json
 
 import numpy as np
 import pytest
 
 from agents.sandbox import movielens
-from agents.sandbox.profiles import ProfileError, aligned_profiles, combine, load_profiles, movielens_profiles
+from agents.sandbox.profiles import (
+    Profile,
+    ProfileError,
+    aligned_profiles,
+    combine,
+    load_profiles,
+    movielens_profiles,
+    to_yaml,
+    written_by_llm,
+)
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +104,53 @@ def test_handcrafted_fields_over_aligned_profiles_keep_the_data_history(ml, tmp_
     combined = combine(aligned, load_profiles(path))
     assert combined[0].name == "Ana" and combined[0].watched == aligned[0].watched
     assert combined[0].source == "movielens+handcrafted" and combined[1] == aligned[1]
+
+
+class ProfileWriter:
+    """Scripted answers in order; records the prompts and the constraint."""
+
+    def __init__(self, answers):
+        self.answers, self.asked = answers, []
+
+    def generate(self, conversations, sampling, constraint=None):
+        self.asked.append((conversations, constraint))
+        return self.answers[: len(conversations)]
+
+
+def person(name, age=30, features=("Critic", "Critic")):
+    return json.dumps(
+        {
+            "name": name,
+            "gender": "woman",
+            "age": age,
+            "traits": "curious",
+            "career": "nurse",
+            "interests": ["Drama"],
+            "features": list(features),
+        }
+    )
+
+
+def test_the_llm_fills_only_what_profiles_lack_and_every_problem_is_counted(ml, tmp_path):
+    aligned = aligned_profiles(ml, [1, 2, 3])
+    hand = Profile(9, "Zoe", "", 41, "calm", "", [], ["Poster"])
+    backend = ProfileWriter([person("Ann"), person("Ann"), "{not json", person("Bob", features=[])])
+    profiles, report = written_by_llm([*aligned, hand], backend, "nurses in Leeds", np.random.default_rng(0))
+    ((conversations, constraint),) = backend.asked  # one batched call, a JSON schema
+    assert len(conversations) == 4 and constraint.kind == "json"
+    assert "nurses in Leeds" in conversations[0][0]["content"]
+    assert "User 1" not in conversations[0][0]["content"]  # the placeholder name is not a fact
+    assert aligned[0].interests[0] in conversations[0][0]["content"]
+    first, second, third, zoe = profiles
+    assert (first.name, first.age, first.career, first.features) == ("Ann", 30, "nurse", ["Critic"])
+    assert first.interests == aligned[0].interests and first.watched == aligned[0].watched  # the data's
+    assert first.source == "movielens+llm"
+    assert second.name == "Ann (2)" and report["renamed"] == 1
+    assert third == aligned[2] and report["fallbacks"] == 1
+    assert report["written"][3] == {"unusable_answer": "{not json"}
+    # the handcrafted name, age, traits and features stay; only the empty fields are written
+    assert (zoe.name, zoe.age, zoe.traits, zoe.features) == ("Zoe", 41, "calm", ["Poster"])
+    assert (zoe.gender, zoe.career, zoe.interests) == ("woman", "nurse", ["Drama"])
+    path = tmp_path / "profiles.yaml"  # written profiles are a handcrafted file for the next run
+    path.write_text(to_yaml([first, second, zoe]))
+    assert [p.name for p in load_profiles(path)] == ["Ann", "Ann (2)", "Zoe"]

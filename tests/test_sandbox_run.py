@@ -123,3 +123,42 @@ def test_the_cluster_script_serves_on_localhost_and_keeps_the_key_off_the_comman
     assert "--host 127.0.0.1 --port 42345" in server and "key" not in server.lower()
     assert "llm.base_url=http://127.0.0.1:42345/v1" in client and "llm.api_key_env=SANDBOX_LLM_KEY" in client
     assert client.rstrip().endswith("--agents 500")
+
+
+class Writer(Recording):
+    """Recording, and the profile writer's answers (a distinct name per prompt)."""
+
+    def answer(self, conversation, constraint):
+        if constraint.kind == "json" and '"career"' in constraint.schema:
+            self.prompts.append(conversation[-1]["content"])
+            return json.dumps(
+                {
+                    "name": f"Person {len(self.prompts)}",
+                    "gender": "man",
+                    "age": 50,
+                    "traits": "shy",
+                    "career": "baker",
+                    "interests": ["Comedy"],
+                    "features": ["Watcher"],
+                }
+            )
+        return super().answer(conversation, constraint)
+
+
+def test_profiles_written_by_the_llm_are_kept_and_not_rewritten_on_resume(raw, tmp_path):
+    out = tmp_path / "run"
+    first = Writer()
+    run(args(raw, out, 1, "profile_prompt=bakers who love films"), first, embed)
+    written = [p for p in first.prompts if "bakers who love films" in p]
+    assert len(written) == 4
+    state = json.loads((out / "checkpoint.json").read_text())
+    names = [a["profile"]["name"] for a in state["agents"]]
+    assert names == ["Person 1", "Person 2", "Person 3", "Person 4"]
+    assert (out / "profiles.yaml").exists() and json.loads((out / "profiles_written.json").read_text())[
+        "fallbacks"
+    ] == 0
+    again = Writer()
+    run(args(raw, out, 2, "profile_prompt=bakers who love films"), again, embed)
+    assert not [p for p in again.prompts if "bakers who love films" in p]  # the checkpoint has them
+    state = json.loads((out / "checkpoint.json").read_text())
+    assert [a["profile"]["name"] for a in state["agents"]] == names and state["round"] == 2

@@ -70,6 +70,8 @@ class GraphConfig:
 class SandboxConfig:
     data: str = "../shared/data/raw/movielens_latest_small"
     profiles: str | None = None  # handcrafted profiles (YAML or CSV); None: aligned with MovieLens users
+    # a description of the population: the LLM writes every field the profiles lack (profiles.py)
+    profile_prompt: str | None = Field(None, min_length=1, max_length=2000)
     agents: int = Field(10, ge=1)
     rounds: int = Field(5, ge=1)
     seed: int = 0

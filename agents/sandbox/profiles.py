@@ -1,10 +1,13 @@
-"""Agent profiles: handcrafted (YAML or CSV) or aligned with real MovieLens users; combinable.
+"""Agent profiles: handcrafted (YAML or CSV), aligned with real MovieLens users, or written by the LLM
+from a prompt; combinable.
 
 A profile has an id, a unique name, gender, age, traits, career, interests and any of the five
 behaviour features (Watcher, Explorer, Critic, Chatter, Poster). A MovieLens-aligned profile takes its
 interests (the user's most liked genres) and watched history (full titles, oldest first) from the
 user's ratings; MovieLens has no demographics, so those fields stay empty unless a handcrafted profile
-of the same id supplies them (``combine``).
+of the same id supplies them (``combine``), or the LLM writes them (``written_by_llm``: from a prompt
+describing the population, it fills every field a profile lacks, seeing what the profile already has;
+one batched structured call; handcrafted fields are never replaced).
 
 Bad input is an error naming the file and the row, raised before any LLM call: a missing column or
 field, an unknown behaviour feature, a duplicate id or name, an age that is not a whole number in
@@ -44,7 +47,7 @@ class Profile:
     interests: list[str] = field(default_factory=list)
     features: list[str] = field(default_factory=list)
     watched: list[str] = field(default_factory=list)  # titles, oldest first
-    source: str = "handcrafted"  # handcrafted | movielens | movielens+handcrafted
+    source: str = "handcrafted"  # handcrafted | movielens | llm, joined by + when combined
 
     def summary(self) -> str:
         parts = [self.name]
@@ -188,3 +191,96 @@ def combine(aligned: list[Profile], handcrafted: list[Profile]) -> list[Profile]
         )
     check_unique(out, [f"profile {p.id}" for p in out])
     return out
+
+
+def placeholder_name(profile: Profile) -> bool:
+    return profile.source.startswith("movielens") and profile.name == f"User {profile.id}"
+
+
+def written_by_llm(
+    profiles: list[Profile], backend, prompt: str, rng: np.random.Generator
+) -> tuple[list[Profile], dict]:
+    """The LLM fills every empty field of these profiles (and a MovieLens placeholder name) from
+    ``prompt``, a description of the population, and what each profile already has; one batched call
+    with a JSON schema (features among the five, an age in [16, 90]). An unusable answer leaves its
+    profile as it was; a name the LLM gives twice gets the profile's id appended. Both are counted in
+    the returned report, with what was written to each profile."""
+    import json
+
+    from agents.llm import Constraint, Sampling
+
+    schema = Constraint.json_object(
+        name={"type": "string", "minLength": 1, "maxLength": 40},
+        gender={"type": "string", "minLength": 1, "maxLength": 20},
+        age={"type": "integer", "minimum": 16, "maximum": 90},
+        traits={"type": "string", "minLength": 1, "maxLength": 120},
+        career={"type": "string", "minLength": 1, "maxLength": 60},
+        interests={
+            "type": "array",
+            "items": {"type": "string", "maxLength": 30},
+            "minItems": 1,
+            "maxItems": 3,
+        },
+        features={"type": "array", "items": {"type": "string", "enum": list(FEATURES)}, "maxItems": 3},
+    )
+    conversations = []
+    for profile in profiles:
+        about = profile.summary()
+        if placeholder_name(profile):
+            about = about.removeprefix(profile.name).removeprefix("; ")
+        recent = f" Films they watched lately: {'; '.join(profile.watched[-5:])}." if profile.watched else ""
+        ask = (
+            f"Invent one person of this population: {prompt}\n"
+            f"What is known about them: {about or 'nothing yet'}.{recent}\n"
+            "Give their name, gender, age, traits, career, up to three favourite movie genres, and which "
+            f"of these describe them: {', '.join(FEATURES)}."
+        )
+        conversations.append([{"role": "user", "content": ask}])
+    answers = backend.generate(conversations, Sampling(160, 0.7, 1.0, int(rng.integers(2**31 - 1))), schema)
+    report = {"fallbacks": 0, "renamed": 0, "written": {}}
+    out, names = [], {p.name for p in profiles if not placeholder_name(p)}
+    for profile, answer in zip(profiles, answers, strict=True):
+        try:
+            value = json.loads(answer)
+        except json.JSONDecodeError:
+            value = None
+        ok = (
+            isinstance(value, dict)
+            and set(json.loads(schema.schema)["properties"]) <= set(value)
+            and isinstance(value["age"], int)
+            and 16 <= value["age"] <= 90
+            and bool(str(value["name"]).strip())
+            and isinstance(value["interests"], list)
+            and isinstance(value["features"], list)
+        )
+        if not ok:
+            report["fallbacks"] += 1
+            report["written"][profile.id] = {"unusable_answer": answer}
+            out.append(profile)
+            continue
+        written = {}
+        if placeholder_name(profile) or not profile.name:
+            name = str(value["name"]).strip()
+            if name in names:
+                name, report["renamed"] = f"{name} ({profile.id})", report["renamed"] + 1
+            names.add(name)
+            written["name"] = name
+        for key in ("gender", "traits", "career"):
+            if not getattr(profile, key):
+                written[key] = str(value[key]).strip()
+        if profile.age is None:
+            written["age"] = value["age"]
+        if not profile.interests:
+            written["interests"] = [str(i).strip() for i in value["interests"] if str(i).strip()]
+        if not profile.features:
+            written["features"] = [f for f in dict.fromkeys(value["features"]) if f in FEATURES]
+        report["written"][profile.id] = written
+        out.append(replace(profile, **written, source=f"{profile.source}+llm" if written else profile.source))
+    check_unique(out, [f"profile {p.id}" for p in out])
+    return out, report
+
+
+def to_yaml(profiles: list[Profile]) -> str:
+    """Profiles as a handcrafted YAML file (``profiles:`` in a config reads it back)."""
+    rows = [{key: getattr(p, key) for key in (*REQUIRED, "features")} for p in profiles]
+    return yaml.safe_dump(rows, sort_keys=False, allow_unicode=True)

@@ -33,7 +33,14 @@ from tqdm import tqdm
 from agents.llm import EXECUTION_FIELDS
 from agents.sandbox import movielens
 from agents.sandbox.config import FEATURES, as_dict, load_config
-from agents.sandbox.profiles import aligned_profiles, combine, load_profiles, movielens_profiles
+from agents.sandbox.profiles import (
+    aligned_profiles,
+    combine,
+    load_profiles,
+    movielens_profiles,
+    to_yaml,
+    written_by_llm,
+)
 from agents.sandbox.social import generate_graph, load_edges
 from agents.sandbox.world import World
 from data_prep import fingerprint
@@ -60,8 +67,10 @@ def keep_rounds(path: Path, last: int) -> None:
         path.write_text("".join(line + "\n" for line in kept))
 
 
-def build(config, out: Path, backend=None, embed=None, human=None) -> World:
-    """The world for a config: data, profiles, graph, backend and encoder (offline defaults)."""
+def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool = True) -> World:
+    """The world for a config: data, profiles, graph, backend and encoder (offline defaults). A world
+    that a checkpoint will restore (``fresh=False``) skips the LLM-written profiles: the checkpoint has
+    them."""
     data = movielens.load(config.data)
     (out / "rejects.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data.rejects))
     rng = np.random.default_rng(config.seed)
@@ -72,16 +81,25 @@ def build(config, out: Path, backend=None, embed=None, human=None) -> World:
         profiles = combine(aligned, handcrafted) + [h for h in handcrafted if h.id not in users]
     else:
         profiles = movielens_profiles(data, config.agents, rng)
+    if backend is None:
+        from agents.llm import load_llm
+
+        backend = load_llm(config.llm)
+    if config.profile_prompt and fresh:
+        profiles, report = written_by_llm(profiles, backend, config.profile_prompt, rng)
+        write_json(out / "profiles_written.json", report)
+        (out / "profiles.yaml").write_text(to_yaml(profiles))  # reusable as handcrafted profiles
+        print(
+            f"the LLM wrote profile fields for {len(profiles) - report['fallbacks']} of {len(profiles)} "
+            f"agents ({report['fallbacks']} unusable answers, {report['renamed']} names made unique)"
+            f" -> {out}/profiles.yaml"
+        )
     names = [p.name for p in profiles]
     if config.graph.edges:
         graph = load_edges(config.graph.edges, names)
     else:
         interests = [p.interests for p in profiles]
         graph = generate_graph(names, interests, config.graph.mean_degree, config.graph.homophily, rng)
-    if backend is None:
-        from agents.llm import load_llm
-
-        backend = load_llm(config.llm)
     if embed is None:
         from agents.retrieval import Retriever
         from eval.backends import packaged_minilm
@@ -152,12 +170,15 @@ def run(args, backend=None, embed=None) -> dict:
                 "stats.jsonl",
                 "interventions.jsonl",
                 "summary.json",
+                "profiles_written.json",
+                "profiles.yaml",
             ):
                 (out / name).unlink(missing_ok=True)
             print(f"--overwrite: discarded the earlier run in {out}")
         fingerprint.record(out, inputs)
         write_json(out / "config.json", as_dict(config))  # what interviews rebuild the world from
-        world = build(config, out, backend, embed, HumanPlayer(args.human) if args.human else None)
+        human = HumanPlayer(args.human) if args.human else None
+        world = build(config, out, backend, embed, human, fresh=not checkpoint.exists())
         if args.human and args.human not in world.agents:
             names = ", ".join(list(world.agents)[:10])
             raise SystemExit(f"error: --human {args.human!r} is not an agent of this run ({names} ...)")
@@ -279,7 +300,7 @@ def intervene(args) -> None:
             record.update(message=args.message)
             write_json(checkpoint, state)
         elif args.command == "interview":
-            world = build(load_config(out / "config.json"), out)
+            world = build(load_config(out / "config.json"), out, fresh=False)
             world.restore(state)
             record.update(
                 agent=args.agent, question=args.question, answer=world.interview(args.agent, args.question)
