@@ -35,10 +35,11 @@ format: $(STAMP)
 demo: $(STAMP)
 	$(PY) demo.py --shared $(SHARED) --out $(DEMO)
 
-# The recommender sandbox: 10 agents x 5 rounds on MovieLens with SmolLM2 offline (runs/sandbox/demo).
+# The recommender sandbox: 10 agents x 5 rounds on MovieLens with SmolLM2 offline (runs/sandbox/demo);
+# without $(SHARED) it downloads ml-latest-small from GroupLens and says so.
 sandbox-demo: $(STAMP)
 	$(PY) -m agents.sandbox run --config configs/sandbox/movielens.yaml --out runs/sandbox/demo \
-		--set data=$(SHARED)/movielens_latest_small
+		--set data=$(SHARED)/movielens_latest_small --fetch-missing
 
 bench: $(STAMP)
 	$(PY) -m bench.build_bench --out runs/bench

@@ -2,6 +2,8 @@
 
     python -m bench.sandbox_bench pareto       # the activity law fitted to MovieLens per-user rating counts
     python -m bench.sandbox_bench efficiency   # wall time per round against the number of agents
+    python -m bench.sandbox_bench efficiency --real --agents 1 10 50 --max-single 10   # SmolLM2 offline
+    python -m bench.sandbox_bench cocoon --rounds 10 --agents 20   # exposure entropy, MF, +/- injection
 
 ``pareto``: alpha of a Pareto law fitted by maximum likelihood (x_min = the smallest count) to the
 number of ratings per user, with the Kolmogorov-Smirnov distance of the data from the fitted law, and
@@ -12,7 +14,15 @@ with a fixed latency per call plus a cost per answered row, batched (the world's
 all agents) and one request at a time (the same answers, each its own call), side by side in one run;
 LLM calls per agent per round. The fake stands for a remote server; the sentence encoder is replaced
 by a hashed bag of words and the recommender is popularity, so the figures are the world's own
-overhead plus the modelled LLM time.
+overhead plus the modelled LLM time. With ``--real`` the world is the shipped config's (MovieLens
+profiles, ALS, MiniLM memories) and the LLM is its offline model on this machine: the same round,
+with prompt and answer tokens per agent.
+
+``cocoon``: information cocoons. The shipped config's world with the trained MF, retrained on the
+simulated clicks every round, run with no random injection and with ``--inject`` random items per page,
+side by side from the same seed; per round the genre entropy of everything shown (all agents) and the
+mean over agents of the entropy of what each was shown. ``--backend scripted`` replaces the LLM with
+a user who always watches the first item on the page (the recommender's feedback loop alone, fast).
 """
 
 from __future__ import annotations
@@ -22,8 +32,10 @@ import hashlib
 import json
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from agents.retrieval import hashed_bag_of_words
 from agents.sandbox import movielens
@@ -31,6 +43,11 @@ from agents.sandbox.social import fit_pareto
 
 
 def pareto(args) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     data = movielens.load(args.data)
     counts = np.array(sorted(Counter(r.user for r in data.ratings).values()))
     rows = {}
@@ -38,6 +55,22 @@ def pareto(args) -> dict:
         tail = counts[counts >= xmin]
         rows[int(xmin)] = fit_pareto(tail)
     print(json.dumps(rows, indent=1))
+    # the goodness-of-fit figure: the data's survival function against each fitted law, log-log
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.loglog(counts, 1 - np.arange(len(counts)) / len(counts), ".", ms=3, color="k", label="data")
+    for xmin, fit in rows.items():
+        share = (counts >= xmin).mean()  # the fitted tail drawn at its place in the whole sample
+        x = np.geomspace(xmin, counts.max(), 50)
+        ax.loglog(x, share * (x / xmin) ** -fit["alpha"], label=f"x_min {xmin}: alpha {fit['alpha']:.2f}")
+    ax.set_xlabel("ratings per user")
+    ax.set_ylabel("share of users with at least x")
+    ax.set_title("ml-latest-small: per-user activity and fitted Pareto laws")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    args.out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out / "pareto.png", dpi=110)
+    (args.out / "pareto.json").write_text(json.dumps(rows, indent=1))
+    print(f"-> {args.out}/pareto.json, pareto.png")
     return rows
 
 
@@ -77,7 +110,11 @@ class OneAtATime:
         self.backend = backend
 
     def generate(self, conversations, sampling, constraint=None):
-        return [self.backend.generate([c], sampling, constraint)[0] for c in conversations]
+        answers, self.usage = [], []
+        for conversation in conversations:
+            answers.append(self.backend.generate([conversation], sampling, constraint)[0])
+            self.usage += getattr(self.backend, "usage", None) or [None]
+        return answers
 
 
 def one_round(data, n: int, backend, seed: int = 0) -> tuple[float, int]:
@@ -133,19 +170,190 @@ def efficiency(args) -> dict:
     return {"latency_s": args.latency, "per_row_s": args.per_row, "rows": rows}
 
 
+def real_world(config_path: str, overrides: list[str], backend, embed, out: Path):
+    from agents.sandbox.config import load_config
+    from agents.sandbox.run import build
+
+    out.mkdir(parents=True, exist_ok=True)
+    return build(load_config(config_path, overrides), out, backend, embed)
+
+
+def real_parts(config_path: str):
+    """The shipped config's LLM and sentence encoder, loaded once for every world of a benchmark."""
+    from agents.llm import load_llm
+    from agents.retrieval import Retriever
+    from agents.sandbox.config import load_config
+    from eval.backends import packaged_minilm
+
+    return load_llm(load_config(config_path).llm), Retriever(packaged_minilm("cpu", 64)).embed
+
+
+def real_efficiency(args) -> dict:
+    """One round, every agent active, the shipped config's world and offline model: batched and (up to
+    --max-single agents) one conversation per call, side by side."""
+    backend, embed = real_parts(args.config)
+    rows = []
+    for n in args.agents:
+        row = {"agents": n}
+        for mode in ("batched", "one_at_a_time"):
+            if mode == "one_at_a_time" and n > args.max_single:
+                continue
+            counting = Counting(backend)
+            asked = counting if mode == "batched" else OneAtATime(counting)
+            overrides = ["activity.pareto_xmin=1", f"agents={n}", *args.set]
+            world = real_world(args.config, overrides, asked, embed, args.out / f"world-{n}-{mode}")
+            start = time.perf_counter()
+            world.step()
+            seconds = time.perf_counter() - start
+            counts = world.counts + world.model.counts
+            row[mode] = {
+                "s_per_round": round(seconds, 1),
+                "llm_calls": counting.calls,
+                "answers_per_agent": round(counting.answers / n, 2),
+                "prompt_tokens_per_agent": round(counts["prompt_tokens"] / n),
+                "answer_tokens_per_agent": round(counts["answer_tokens"] / n),
+            }
+            print(json.dumps({"agents": n, mode: row[mode]}), flush=True)
+        if "one_at_a_time" in row:
+            row["ratio"] = round(row["one_at_a_time"]["s_per_round"] / row["batched"]["s_per_round"], 2)
+        rows.append(row)
+    return {"model": backend.info, "rows": rows}
+
+
+class Counting:
+    """Counts the calls and answers that reach a backend; passes its answers and usage through."""
+
+    def __init__(self, backend):
+        self.backend, self.calls, self.answers = backend, 0, 0
+
+    def generate(self, conversations, sampling, constraint=None):
+        self.calls += 1
+        self.answers += len(conversations)
+        return self.backend.generate(conversations, sampling, constraint)
+
+    @property
+    def usage(self):
+        return self.backend.usage
+
+
+class FirstItemUser(FakeBackend):
+    """A scripted user for the cocoon benchmark: always to the recommender, always the first item."""
+
+    def __init__(self):
+        super().__init__(0.0, 0.0)
+
+    def answer(self, conversation, constraint) -> str:
+        if constraint.kind == "choice":
+            return "recommender"
+        return super().answer(conversation, constraint)
+
+
+def genre_entropy(genres: Counter) -> float:
+    total = sum(genres.values())
+    return float(-sum(c / total * np.log2(c / total) for c in genres.values())) if total else float("nan")
+
+
+def cocoon(args) -> dict:
+    """Exposure entropy over rounds with the trained MF, without and with random injection."""
+    if args.backend == "real":
+        backend, embed = real_parts(args.config)
+    else:
+        backend, embed = FirstItemUser(), lambda texts: hashed_bag_of_words(texts, 64)
+    runs = {}
+    for inject in (0, args.inject):
+        overrides = [
+            "recommender.kind=mf",
+            "recommender.retrain_every=1",
+            f"recommender.rec_random_k={inject}",
+            "activity.pareto_xmin=1",  # every agent every round: the same people measured each round
+            f"agents={args.agents}",
+            *args.set,
+        ]
+        world = real_world(args.config, overrides, backend, embed, args.out / f"cocoon-inject-{inject}")
+        rounds = []
+        for _ in tqdm(range(args.rounds), desc=f"inject {inject}", unit="round"):
+            events, stats = world.step()
+            per_agent: dict[str, Counter] = {}
+            for event in events:
+                for item in event.get("items") or []:
+                    per_agent.setdefault(event["agent"], Counter()).update(world.movies[item].genres)
+            agent_entropy = [genre_entropy(g) for g in per_agent.values()]
+            rounds.append(
+                {
+                    "round": stats["round"],
+                    "exposure_genre_entropy": stats["exposure_genre_entropy"],
+                    "mean_agent_entropy": round(float(np.mean(agent_entropy)), 4) if agent_entropy else None,
+                    "agents_shown": len(per_agent),
+                    "watches": stats["watches"],
+                }
+            )
+            print(json.dumps({"inject": inject, **rounds[-1]}), flush=True)
+        runs[inject] = rounds
+    plot_cocoon(runs, args.out / "cocoon.png", args)
+    result = {"backend": args.backend, "agents": args.agents, "rounds": args.rounds, "runs": runs}
+    (args.out / "cocoon.json").write_text(json.dumps(result, indent=1))
+    print(f"-> {args.out}/cocoon.json, cocoon.png")
+    return result
+
+
+def plot_cocoon(runs: dict, path: Path, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for ax, key, title in (
+        (axes[0], "exposure_genre_entropy", "everything shown in the round"),
+        (axes[1], "mean_agent_entropy", "what each agent was shown (mean over agents)"),
+    ):
+        for inject, rounds in runs.items():
+            points = [(r["round"], r[key]) for r in rounds if r[key] is not None]
+            label = "MF, no injection" if inject == 0 else f"MF + {inject} random per page"
+            ax.plot(*zip(*points, strict=True), marker="o", ms=3, label=label)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("round")
+    axes[0].set_ylabel("genre entropy (bits)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Exposure over rounds ({args.agents} agents, {args.backend} user)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("pareto")
     fit.add_argument("--data", default="../shared/data/raw/movielens_latest_small")
+    fit.add_argument("--out", type=Path, default=Path("runs/bench/sandbox"))
     speed = sub.add_parser("efficiency")
     speed.add_argument("--data", default="../shared/data/raw/movielens_latest_small")
     speed.add_argument("--agents", type=int, nargs="+", default=[1, 10, 100, 1000])
     speed.add_argument("--latency", type=float, default=0.05, help="seconds per call")
     speed.add_argument("--per-row", type=float, default=0.002, help="seconds per answered row")
     speed.add_argument("--max-single", type=int, default=100, help="largest size also run one at a time")
+    speed.add_argument("--real", action="store_true", help="the config's world and offline LLM")
+    cocoon_parser = sub.add_parser("cocoon")
+    cocoon_parser.add_argument("--rounds", type=int, default=10)
+    cocoon_parser.add_argument("--agents", type=int, default=20)
+    cocoon_parser.add_argument("--inject", type=int, default=2, help="random items per page, second run")
+    cocoon_parser.add_argument("--backend", choices=["real", "scripted"], default="real")
+    for sub_parser in (speed, cocoon_parser):
+        sub_parser.add_argument("--config", default="configs/sandbox/movielens.yaml")
+        sub_parser.add_argument("--out", type=Path, default=Path("runs/bench/sandbox"))
+        sub_parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
     args = parser.parse_args(argv)
-    (pareto if args.command == "pareto" else efficiency)(args)
+    if args.command == "pareto":
+        pareto(args)
+    elif args.command == "cocoon":
+        cocoon(args)
+    else:
+        result = real_efficiency(args) if args.real else efficiency(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        name = "efficiency_real.json" if args.real else "efficiency.json"
+        (args.out / name).write_text(json.dumps(result, indent=1))
+        print(f"-> {args.out}/{name}")
 
 
 if __name__ == "__main__":

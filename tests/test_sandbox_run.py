@@ -162,3 +162,46 @@ def test_profiles_written_by_the_llm_are_kept_and_not_rewritten_on_resume(raw, t
     assert not [p for p in again.prompts if "bakers who love films" in p]  # the checkpoint has them
     state = json.loads((out / "checkpoint.json").read_text())
     assert [a["profile"]["name"] for a in state["agents"]] == names and state["round"] == 2
+
+
+def test_a_missing_data_folder_is_fetched_when_asked_and_an_error_otherwise(raw, tmp_path, monkeypatch):
+    """The demo on a machine without ../shared: ml-latest-small comes from GroupLens (here a local
+    server with a zip cut from the shared copy), and the run says so."""
+    import http.server
+    import io
+    import threading
+    import zipfile
+
+    from agents.sandbox import movielens
+    from agents.sandbox import run as runner
+
+    source = raw / "movielens_latest_small"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("ml-latest-small/movies.csv", (source / "movies.csv").read_text())
+        ratings = (source / "ratings.csv").read_text().splitlines()[:3001]
+        archive.writestr("ml-latest-small/ratings.csv", "\n".join(ratings) + "\n")
+    payload = buffer.getvalue()
+
+    class Zip(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Zip)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(movielens, "URL", f"http://127.0.0.1:{server.server_port}/ml-latest-small.zip")
+    monkeypatch.setattr(runner, "FETCHED", tmp_path / "fetched")
+    missing = args(raw, tmp_path / "run", 1, f"data={tmp_path / 'nowhere'}")
+    with pytest.raises(SystemExit, match="nowhere not found"):
+        run(missing, Recording(), embed)
+    missing.fetch_missing = True
+    summary = run(missing, Recording(), embed)
+    server.shutdown()
+    assert summary["rounds"] == 1 and summary["config"]["data"] == str(tmp_path / "fetched")
+    assert (tmp_path / "fetched" / "ratings.csv").read_text().splitlines() == ratings

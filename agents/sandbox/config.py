@@ -29,7 +29,7 @@ FEATURES = ("Watcher", "Explorer", "Critic", "Chatter", "Poster")
 class ActivityConfig:
     """Each round an agent acts with a probability drawn once per agent from a Pareto law."""
 
-    pareto_alpha: float = Field(1.5, gt=0)  # fitted to the data by eval.activity (reported there)
+    pareto_alpha: float = Field(1.5, gt=0)  # fit it to the data: python -m bench.sandbox_bench pareto
     pareto_xmin: float = Field(0.1, gt=0, le=1)  # the smallest activity level
     max_active: int | None = Field(None, ge=1)  # cap on agents acting in one round
 

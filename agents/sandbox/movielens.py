@@ -5,6 +5,9 @@ and kept in ``rejects`` with its file and line (the shared copy has one such row
 ``999,999999,...`` appended by its uploader; see its SOURCE.md). The caller writes the rejects where a
 person can see them. Ratings are ordered by (timestamp, movieId): ties in rating time are broken by
 the movie id, a stated rule that later tests (the discrimination test's hold-out) rely on.
+
+Without a local copy, ``fetch`` downloads ml-latest-small (about 1 MB) from GroupLens, the publisher
+(``python -m agents.sandbox run --fetch-missing`` does it when the configured folder is missing).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import csv
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+URL = "https://files.grouplens.org/datasets/movielens/ml-latest-small.zip"
+FILES = ("movies.csv", "ratings.csv", "tags.csv", "links.csv", "README.txt")
 
 
 @dataclass
@@ -101,3 +107,29 @@ def load(folder: str | Path) -> MovieLens:
     ratings.sort(key=lambda r: (r.ts, r.movie))
     counts.update(movies=len(movies), ratings=len(ratings), users=len({r.user for r in ratings}))
     return MovieLens(movies, ratings, rejects, counts)
+
+
+def fetch(out: str | Path, url: str = URL) -> Path:
+    """Download the ml-latest-small zip and extract its files into ``out``; an unreachable server or a
+    zip without the expected files is an error saying what was tried."""
+    import io
+    import urllib.request
+    import zipfile
+
+    out = Path(out)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            archive = zipfile.ZipFile(io.BytesIO(response.read()))
+    except (OSError, zipfile.BadZipFile) as err:
+        raise SystemExit(
+            f"error: could not fetch MovieLens from {url} ({type(err).__name__}: {err}); place a copy of "
+            "ml-latest-small in ../shared/data/raw/movielens_latest_small or set data: in the config"
+        ) from err
+    members = {Path(name).name: name for name in archive.namelist() if Path(name).name in FILES}
+    missing = [name for name in ("movies.csv", "ratings.csv") if name not in members]
+    if missing:
+        raise SystemExit(f"error: {url} has no {', '.join(missing)}")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, member in members.items():
+        (out / name).write_bytes(archive.read(member))
+    return out

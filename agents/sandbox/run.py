@@ -150,6 +150,9 @@ class Lock:
         self.handle.close()  # releases the lock
 
 
+FETCHED = Path("runs/data/movielens_latest_small")  # where --fetch-missing puts the public sample
+
+
 def run(args, backend=None, embed=None) -> dict:
     overrides = list(args.set or [])
     if args.rounds:
@@ -157,6 +160,14 @@ def run(args, backend=None, embed=None) -> dict:
     if args.agents:
         overrides.append(f"agents={args.agents}")
     config = load_config(args.config, overrides)
+    if not Path(config.data).exists():
+        if not getattr(args, "fetch_missing", False):
+            raise SystemExit(f"error: {config.data} not found (--fetch-missing downloads ml-latest-small)")
+        print(
+            f"{config.data} not found: fetching MovieLens ml-latest-small from {movielens.URL} into {FETCHED}"
+        )
+        movielens.fetch(FETCHED, movielens.URL)
+        config = load_config(args.config, [*overrides, f"data={FETCHED}"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with Lock(out):
@@ -321,6 +332,11 @@ def main(argv: list[str] | None = None) -> None:
     go.add_argument("--set", nargs="*", action="extend", help="section.field=value overrides of the config")
     go.add_argument("--human", help="play this agent at the terminal")
     go.add_argument("--overwrite", action="store_true")
+    go.add_argument(
+        "--fetch-missing",
+        action="store_true",
+        help="download ml-latest-small when the data folder is missing",
+    )
     edit = sub.add_parser("edit", help="change an agent's profile in a paused run")
     edit.add_argument("run")
     edit.add_argument("--agent", required=True)

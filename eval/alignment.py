@@ -1,0 +1,283 @@
+"""Rating alignment (the test of Agent4Rec, a peer sandbox of MovieLens agents): do the agents rate the
+movies their user really rated as the user did?
+
+For each sampled MovieLens user (seeded, as in eval.discrimination): the user's ratings in time order
+(ties by movie id); the last ``held`` are held out; everything a method sees is strictly older than the
+first of them (the cutoff). Methods predict a rating for each held-out movie:
+
+- ``user_mean``: the user's mean rating before the cutoff (the global mean before it when none);
+- ``user_mean_whole``: the same rounded to whole stars, the agent's answer space (1-5);
+- ``mf``: biased matrix factorisation for explicit ratings (``surprise.SVD``, Funk's SVD), trained per
+  user on every rating older than that user's cutoff; its estimates are clipped to 0.5-5 by surprise;
+- ``agent``: the sandbox's LLM with the user's last rated titles and their stars as its memories,
+  answering one of 1-5 (a structured choice; an unusable answer is replaced by the user's whole-star mean
+  and counted).
+
+Real MovieLens ratings are half stars (0.5-5); the agent, as in Agent4Rec, answers whole stars. Reported
+per method: MAE and RMSE over all held-out ratings, the rating distribution with its Wasserstein distance
+from the real one, and, per user, the paired difference of mean absolute errors against the agent with a
+95% bootstrap interval. Agent4Rec reports MAE 0.77 on MovieLens-1M with a hosted LLM.
+
+    python -m eval.alignment --config configs/sandbox/movielens.yaml --out runs/alignment --users 100
+
+Writes OUT/results.json, OUT/table.md and OUT/distribution.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+STARS = [str(s) for s in range(1, 6)]
+
+
+def make_cases(data, users: list[int], held: int) -> list[dict]:
+    by_user = data.by_user()
+    cases = []
+    for user in users:
+        ratings = by_user[user]  # time order, ties by movie id
+        cutoff = ratings[-held].ts
+        cases.append(
+            {
+                "user": user,
+                "cutoff": cutoff,
+                "history": [(r.movie, r.stars) for r in ratings[:-held] if r.ts < cutoff],  # strictly older
+                "held": [(r.movie, r.stars) for r in ratings[-held:]],
+            }
+        )
+    return cases
+
+
+def global_mean_before(data, cutoff: int) -> float:
+    stars = [r.stars for r in data.ratings if r.ts < cutoff]
+    return float(np.mean(stars)) if stars else 3.0
+
+
+def predict_user_mean(cases, data, **_) -> list[list[float]]:
+    out = []
+    for case in cases:
+        history = [s for _, s in case["history"]]
+        mean = float(np.mean(history)) if history else global_mean_before(data, case["cutoff"])
+        out.append([mean] * len(case["held"]))
+    return out
+
+
+def predict_user_mean_whole(cases, data, **_) -> list[list[float]]:
+    # half up (not numpy's half to even): 3.5 -> 4; kept inside the agent's 1-5
+    return [[float(min(5, max(1, np.floor(p + 0.5)))) for p in row] for row in predict_user_mean(cases, data)]
+
+
+def predict_mf(cases, data, config, **_) -> list[list[float]]:
+    """surprise's SVD trained per user on every rating older than that user's cutoff, seeded."""
+    import pandas as pd
+    from surprise import SVD, Dataset, Reader
+
+    out = []
+    for case in tqdm(cases, desc="mf per user", leave=False):
+        older = [(r.user, r.movie, r.stars) for r in data.ratings if r.ts < case["cutoff"]]
+        frame = pd.DataFrame(older, columns=["user", "item", "rating"])
+        train = Dataset.load_from_df(frame, Reader(rating_scale=(0.5, 5))).build_full_trainset()
+        model = SVD(n_factors=config.recommender.factors, random_state=config.seed)
+        model.fit(train)
+        out.append([float(model.predict(case["user"], movie).est) for movie, _ in case["held"]])
+    return out
+
+
+def rating_prompts(cases, data, history_titles: int) -> list[list[dict]]:
+    from agents.sandbox.prompts import frame
+
+    prompts = []
+    for case in cases:
+        memories = [
+            f"I rated {data.movies[m].title} {s:g} out of 5" for m, s in case["history"][-history_titles:]
+        ]
+        for movie, _ in case["held"]:
+            prompts.append(
+                frame(
+                    f"User {case['user']}, a movie watcher",
+                    memories,
+                    "You just watched this movie. How many stars do you give it, from 1 (hated it) to 5 "
+                    "(loved it)? Answer with one digit.",
+                    f"The movie: {data.movies[movie].text(tags=False)}",
+                )
+            )
+    return prompts
+
+
+def predict_agent(cases, data, backend, rng, counts, history_titles: int = 20, **_) -> list[list[float]]:
+    from agents.llm import Constraint, Sampling
+
+    prompts = rating_prompts(cases, data, history_titles)
+    sampling = Sampling(max_new_tokens=4, seed=int(rng.integers(2**31 - 1)))
+    answers, chunk = [], 64  # asked in chunks, for the progress bar
+    for start in tqdm(range(0, len(prompts), chunk), desc="agent ratings", unit="chunk"):
+        answers += backend.generate(prompts[start : start + chunk], sampling, Constraint.choice(STARS))
+    fallback = predict_user_mean_whole(cases, data)
+    out, k = [], 0
+    for case, backup in zip(cases, fallback, strict=True):
+        row = []
+        for j in range(len(case["held"])):
+            answer = answers[k].strip()
+            k += 1
+            if answer in STARS:
+                row.append(float(answer))
+            else:  # counted, and the raw answer kept for a person to read
+                counts["agent_fallbacks"] += 1
+                counts.setdefault("unusable_answers", []).append(answer)
+                row.append(backup[j])
+        out.append(row)
+    return out
+
+
+METHODS = {
+    "user_mean": predict_user_mean,
+    "user_mean_whole": predict_user_mean_whole,
+    "mf": predict_mf,
+    "agent": predict_agent,
+}
+
+
+def paired_interval(a: np.ndarray, b: np.ndarray) -> list[float]:
+    """95% BCa bootstrap interval of mean(a - b) over users."""
+    from scipy.stats import bootstrap
+
+    diff = a - b
+    if np.ptp(diff) == 0:
+        return [round(float(diff.mean()), 4)] * 2
+    ci = bootstrap((diff,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa", rng=0)
+    return [round(float(ci.confidence_interval.low), 4), round(float(ci.confidence_interval.high), 4)]
+
+
+def score(cases, predictions: dict[str, list[list[float]]]) -> dict:
+    from scipy.stats import wasserstein_distance
+
+    real = np.array([s for c in cases for _, s in c["held"]])
+    per_user_real = [np.array([s for _, s in c["held"]]) for c in cases]
+    out = {"real_distribution": dict(sorted(Counter(real.tolist()).items())), "methods": {}}
+    user_mae = {}
+    for method, rows in predictions.items():
+        flat = np.array([p for row in rows for p in row])
+        errors = flat - real
+        user_mae[method] = np.array(
+            [np.abs(np.array(row) - r).mean() for row, r in zip(rows, per_user_real, strict=True)]
+        )
+        out["methods"][method] = {
+            "mae": round(float(np.abs(errors).mean()), 4),
+            "rmse": round(float(np.sqrt((errors**2).mean())), 4),
+            "mean_prediction": round(float(flat.mean()), 4),
+            "wasserstein_to_real": round(float(wasserstein_distance(flat, real)), 4),
+            "distribution": dict(sorted(Counter(np.round(flat * 2) / 2).items())),
+        }
+    if "agent" in user_mae:  # paired over users: the other method's MAE minus the agent's
+        for method, mae in user_mae.items():
+            if method != "agent":
+                out["methods"][method]["mae_minus_agent_ci95"] = paired_interval(mae, user_mae["agent"])
+    return out
+
+
+def table(results: dict) -> str:
+    methods = results["scores"]["methods"]
+    lines = [
+        f"| method ({results['ratings']} held-out ratings of {len(results['users'])} users) | MAE | RMSE | "
+        "mean | Wasserstein to real | MAE minus agent's, 95% CI |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in methods.items():
+        ci = m.get("mae_minus_agent_ci95")
+        cell = f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""
+        lines.append(
+            f"| {name} | {m['mae']:.3f} | {m['rmse']:.3f} | {m['mean_prediction']:.2f} | "
+            f"{m['wasserstein_to_real']:.3f} | {cell} |"
+        )
+    real = results["scores"]["real_distribution"]
+    lines.append(f"| real ratings | | | {results['real_mean']:.2f} | 0 | |")
+    lines.append("| Agent4Rec (paper, MovieLens-1M, hosted LLM) | 0.77 | | | | |")
+    lines.append("")
+    lines.append("Real distribution: " + ", ".join(f"{k:g}: {v}" for k, v in real.items()))
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bins = np.arange(0.5, 5.01, 0.5)
+    series = {"real": results["scores"]["real_distribution"]}
+    series.update({name: m["distribution"] for name, m in results["scores"]["methods"].items()})
+    width = 0.45 / len(series)
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for k, (name, dist) in enumerate(series.items()):
+        total = sum(dist.values())
+        heights = [dist.get(float(b), 0) / total for b in bins]
+        ax.bar(bins + (k - len(series) / 2) * width, heights, width=width, label=name)
+    ax.set_xticks(bins)
+    ax.set_xlabel("stars (predictions rounded to half stars)")
+    ax.set_ylabel("share of held-out ratings")
+    ax.set_title("Rating distributions: real and predicted")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(config, out: Path, n_users: int, held: int, methods: list[str], backend=None) -> dict:
+    from agents.sandbox import movielens
+
+    data = movielens.load(config.data)
+    rng = np.random.default_rng(config.seed)
+    eligible = sorted(u for u, rows in data.by_user().items() if len(rows) > held)
+    users = sorted(int(u) for u in rng.choice(eligible, size=n_users, replace=False))
+    cases = make_cases(data, users, held)
+    if "agent" in methods and backend is None:
+        from agents.llm import load_llm
+
+        backend = load_llm(config.llm)
+    predictions, counts = {}, {}
+    for method in methods:
+        counts[method] = Counter()
+        method_rng = np.random.default_rng([config.seed, list(METHODS).index(method)])
+        predictions[method] = METHODS[method](
+            cases, data=data, config=config, backend=backend, rng=method_rng, counts=counts[method]
+        )
+    real = [s for c in cases for _, s in c["held"]]
+    results = {
+        "users": users,
+        "held_per_user": held,
+        "ratings": len(real),
+        "real_mean": round(float(np.mean(real)), 4),
+        "seed": config.seed,
+        "model": config.llm.model if "agent" in methods else None,
+        "scores": score(cases, predictions),
+        "counts": {m: dict(c) for m, c in counts.items() if c},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "table.md").write_text(table(results))
+    plot(results, out / "distribution.png")
+    print(table(results))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    from agents.sandbox.config import load_config
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--users", type=int, default=100)
+    parser.add_argument("--held", type=int, default=5, help="last ratings held out per user")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
+    args = parser.parse_args(argv)
+    run(load_config(args.config, args.set), args.out, args.users, args.held, args.methods)
+
+
+if __name__ == "__main__":
+    main()
