@@ -1,0 +1,102 @@
+"""Rating alignment: hold-outs in time order, nothing after the cutoff reaching a method, MAE and the
+paired intervals by hand, the agent's unusable answers replaced and counted."""
+
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from agents.sandbox.movielens import Movie, MovieLens, Rating
+from eval import alignment as al
+
+
+def tiny():
+    movies = {i: Movie(i, f"Movie {i}", ["Drama"]) for i in range(1, 7)}
+    ratings = [
+        Rating(1, 1, 2.0, 10), Rating(1, 2, 4.0, 20), Rating(1, 3, 5.0, 30), Rating(1, 4, 1.0, 30),
+        Rating(2, 1, 3.5, 5), Rating(2, 5, 0.5, 40),
+        Rating(3, 6, 5.0, 1), Rating(3, 3, 5.0, 60),  # user 3 rates movie 3 after user 1's cutoff
+    ]  # fmt: skip
+    ratings.sort(key=lambda r: (r.ts, r.movie))
+    return MovieLens(movies, ratings, [], Counter())
+
+
+def test_cases_hold_out_the_latest_and_see_only_the_strictly_older():
+    (case,) = al.make_cases(tiny(), [1], held=2)
+    assert case["held"] == [(3, 5.0), (4, 1.0)] and case["cutoff"] == 30  # tie at 30 broken by movie id
+    assert case["history"] == [(1, 2.0), (2, 4.0)]
+    assert al.predict_user_mean([case], tiny()) == [[3.0, 3.0]]
+    (lonely,) = al.make_cases(tiny(), [2], held=2)  # nothing before the cutoff: the global mean then,
+    assert lonely["history"] == [] and lonely["cutoff"] == 5  # of the one rating older than t=5
+    assert al.predict_user_mean([lonely], tiny()) == [[5.0, 5.0]]
+
+
+def test_whole_stars_round_half_up_inside_one_to_five():
+    cases = [{"history": [(1, 3.0), (2, 4.0)], "held": [(3, 4.0)], "cutoff": 99}]
+    assert al.predict_user_mean_whole(cases, tiny()) == [[4.0]]  # 3.5 -> 4, not numpy's 4 by evenness
+    cases = [{"history": [(1, 0.5)], "held": [(3, 4.0)], "cutoff": 99}]
+    assert al.predict_user_mean_whole(cases, tiny()) == [[1.0]]
+
+
+def test_scores_by_hand():
+    cases = [{"held": [(1, 4.0), (2, 2.0)]}, {"held": [(3, 5.0)]}]
+    result = al.score(cases, {"agent": [[4.0, 4.0], [3.0]], "user_mean": [[3.0, 3.0], [5.0]]})
+    agent, mean = result["methods"]["agent"], result["methods"]["user_mean"]
+    assert agent["mae"] == pytest.approx(4 / 3, abs=1e-4)  # errors 0, 2, 2
+    assert agent["rmse"] == pytest.approx(np.sqrt(8 / 3), abs=1e-4)
+    assert mean["mae"] == pytest.approx(2 / 3, abs=1e-4)  # errors 1, 1, 0
+    # per user: agent MAE 1 and 2, user mean 1 and 0 -> differences 0 and -2
+    low, high = mean["mae_minus_agent_ci95"]
+    assert low <= -1 <= high and high <= 0
+    assert agent["distribution"] == {3.0: 1, 4.0: 2} and result["real_distribution"] == {
+        2.0: 1,
+        4.0: 1,
+        5.0: 1,
+    }
+    assert mean["wasserstein_to_real"] == pytest.approx(2 / 3, abs=1e-4)
+
+
+class Rater:
+    def __init__(self, answers):
+        self.answers, self.asked = answers, []
+
+    def generate(self, conversations, sampling, constraint=None):
+        self.asked.append((conversations, constraint))
+        return self.answers[: len(conversations)]
+
+
+def test_the_agent_answers_a_choice_and_unusable_answers_fall_back_counted():
+    data = tiny()
+    cases = al.make_cases(data, [1], held=2)
+    backend = Rater(["5", "maybe"])
+    counts = Counter()
+    predictions = al.predict_agent(cases, data, backend, np.random.default_rng(0), counts)
+    assert predictions == [[5.0, 3.0]]  # the second answer replaced by the whole-star user mean
+    assert counts["agent_fallbacks"] == 1 and counts["unusable_answers"] == ["maybe"]
+    ((conversations, constraint),) = backend.asked
+    assert constraint.kind == "choice" and constraint.options == tuple(al.STARS)
+    prompt = "\n".join(m["content"] for m in conversations[0])
+    assert "I rated Movie 1 2 out of 5" in prompt and "Movie 3" in prompt and "Movie 4" not in prompt
+
+
+def test_mf_trains_only_on_ratings_before_each_users_cutoff(monkeypatch):
+    seen = []
+
+    class Spy:
+        def __init__(self, **kwargs):
+            pass
+
+        def fit(self, train):
+            seen.append(sorted((train.to_raw_uid(u), train.to_raw_iid(i)) for u, i, _ in train.all_ratings()))
+
+        def predict(self, user, item):
+            return SimpleNamespace(est=3.0)
+
+    import surprise
+
+    monkeypatch.setattr(surprise, "SVD", Spy)
+    config = SimpleNamespace(recommender=SimpleNamespace(factors=4), seed=0)
+    cases = al.make_cases(tiny(), [1], held=2)
+    assert al.predict_mf(cases, tiny(), config) == [[3.0, 3.0]]
+    assert seen == [[(1, 1), (1, 2), (2, 1), (3, 6)]]  # user 3's rating of movie 3 at t=60 is later
