@@ -76,6 +76,49 @@ def build_messages(
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(parts)}]
 
 
+# -- the conversational user simulator (data_prep.converse_pairs, agents.converse) ---------------------------
+
+CONVERSE_SYSTEM = (
+    "You play a user who talks to an AI assistant to get recommendations for a task. Stay in your persona, "
+    "pursue your task, and write only your own next message. Answer in exactly this format:\n"
+    "intent: <recommend, plan, search, evaluate or other>\nmessage: <your next message>"
+)
+MAX_TURN_CHARS = 600  # each shown turn of the dialogue is cut here, marked with "…"
+
+
+def build_converse_messages(profile: str, task: str, dialogue: list[tuple[str, str]]) -> list[dict]:
+    """System + user messages for the user's next turn: the persona, the task and the dialogue so far
+    (``(role, text)`` pairs, role ``user`` or ``assistant``, oldest first, as given)."""
+    parts = ["# You", profile.strip(), "", "# Your task", task.strip(), ""]
+    if dialogue:
+        parts.append(f"# The conversation so far (last {len(dialogue)} turns)")
+        parts += [
+            f"{'You' if role == 'user' else 'Assistant'}: {_short(text, MAX_TURN_CHARS)}"
+            for role, text in dialogue
+        ]
+        parts += ["", "Write your next message."]
+    else:
+        parts.append("Open the conversation with your first message.")
+    return [{"role": "system", "content": CONVERSE_SYSTEM}, {"role": "user", "content": "\n".join(parts)}]
+
+
+def fit_converse_messages(
+    tokenizer, profile: str, task: str, dialogue: list[tuple[str, str]], budget: int, completion: str = ""
+) -> tuple[list[dict], int]:
+    """build_converse_messages keeping the most recent turns that fit ``budget`` tokens (with the
+    completion, when given). Returns the messages and how many of the oldest turns were cut; raises
+    ValueError when even no turn at all fits."""
+    for cut in range(len(dialogue) + 1):
+        messages = build_converse_messages(profile, task, dialogue[cut:])
+        if count_tokens(tokenizer, messages, completion) <= budget:
+            return messages, cut
+    raise ValueError(f"does not fit in {budget} tokens even without the dialogue")
+
+
+def format_turn(intent: str, message: str) -> str:
+    return f"intent: {intent}\nmessage: {message.strip()}"
+
+
 def render_prompt(tokenizer, messages: list[dict]) -> str:
     """The exact text the model sees: the tokenizer's chat template with the generation prompt."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

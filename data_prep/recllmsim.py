@@ -35,6 +35,21 @@ RATING_SCALES = {
     "Additional Preferences": 1,
     "Memorization": 1,
 }
+# One intent vocabulary for the three label sets that meet in the evaluation: the LLM users' single
+# intent per turn, the real people's multi-label Chinese intents, and the simulator's actions
+# (agents.converse maps its actions onto it). Published in docs/converse.md.
+COMMON_INTENTS = ("recommend", "plan", "search", "evaluate", "other")
+INTENT_MAP = {
+    "Recommendation": "recommend",
+    "Search & Recommendation": "recommend",
+    "Planning": "plan",
+    "Search": "search",
+    "Others": "other",
+    "推荐": "recommend",
+    "规划": "plan",
+    "评估": "evaluate",
+    "其它": "other",
+}
 PROFILE_KEYS = (
     "gender",
     "age",
@@ -56,6 +71,10 @@ class Turn:
     intents: list[str] = field(default_factory=list)  # user turns: one (LLM users) or several (people)
     hallucination: bool | None = None  # assistant turns, where annotated
 
+    def common_intents(self) -> list[str]:
+        """The turn's intents in the common vocabulary (COMMON_INTENTS), each once, in label order."""
+        return list(dict.fromkeys(INTENT_MAP[i] for i in self.intents))
+
 
 @dataclass
 class Conversation:
@@ -71,6 +90,8 @@ class Conversation:
     questionnaire: dict[str, str] | None = None  # people: summary -> chosen option
     preference_summary: list[str] = field(default_factory=list)
     conflict: bool | None = None
+    profile_zh: str | None = None  # llm users: the Chinese translations of the preference
+    task_context_zh: str | None = None  # and of the task context
 
 
 @dataclass
@@ -114,6 +135,9 @@ def _turns(history: list) -> list[Turn]:
                 turn.intents = list(intent)
             else:
                 raise BadRecord(f"turn {number}: intent {intent!r} is neither a string nor a list of strings")
+            unknown = [i for i in turn.intents if i not in INTENT_MAP]
+            if unknown:
+                raise BadRecord(f"turn {number}: intent {unknown[0]!r} is not one of {sorted(INTENT_MAP)}")
         else:
             flag = raw.get("hallucination")
             if isinstance(flag, dict):  # LLM users: {"hallucination": bool, "memo": ...}
@@ -148,6 +172,10 @@ def _llm_conversation(record: dict, file: str) -> Conversation:
         ratings={name: ratings[name] for name in RATING_SCALES},
         preference_summary=[str(s) for s in summary],
         conflict=record.get("conflict") if isinstance(record.get("conflict"), bool) else None,
+        profile_zh=record.get("preference_zh") if isinstance(record.get("preference_zh"), str) else None,
+        task_context_zh=record.get("task_context_zh")
+        if isinstance(record.get("task_context_zh"), str)
+        else None,
     )
 
 

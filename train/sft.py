@@ -443,7 +443,8 @@ def write_card(output_dir: str, recipe, training_args, model_args, base: str, tr
 
 
 def write_training_data(output_dir: str, recipe: RecipeArguments) -> None:
-    """training_data.json beside the adapter: the pairs it trained on (folder, hash), their review ids
+    """training_data.json beside the adapter: the pairs it trained on (folder, hash), their review (or
+    example) ids
     (so a validation set can be kept disjoint from them) and the latest target time among them (so a
     run can say which tasks the adapter's training data postdates)."""
     from data_prep.schema import parse_iso
@@ -455,8 +456,10 @@ def write_training_data(output_dir: str, recipe: RecipeArguments) -> None:
         "pairs": str(pairs),
         "pairs_sha256": fingerprint.digest_files([pairs / "train.jsonl", pairs / "validation.jsonl"], pairs),
         "train_examples": len(rows),
-        "latest_target_ts": max((parse_iso(r["date"]) for r in rows), default=None),
-        "train_review_ids": [r["review_id"] for r in rows],
+        "latest_target_ts": max((parse_iso(r["date"]) for r in rows if r.get("date")), default=None),
+        "train_review_ids": [r["review_id"] for r in rows if "review_id" in r],
+        # pairs of other kinds (data_prep.converse_pairs) name their examples example_id
+        "train_example_ids": [r["example_id"] for r in rows if "example_id" in r],
     }
     (Path(output_dir) / "training_data.json").write_text(json.dumps(record))
 

@@ -3,11 +3,10 @@
     config = load_config("configs/sandbox/movielens.yaml", ["rounds=3", "memory.short_term_capacity=5"])
 
 Sections: the run (data, rounds, agents, seed), ``activity`` (who acts each round), ``memory``,
-``recommender``, ``graph`` and ``llm`` (the shared backends' settings, agents/llm.py). Validation is
-pydantic's (its dataclasses, so the sections stay plain dataclasses to the code that reads them): an
-unknown key, a wrong type or an out-of-range value is an error naming the file and the field, e.g.
-``configs/sandbox/x.yaml: memory.forget_beta: Input should be greater than 1``. Overrides are
-``section.field=value`` strings, parsed as YAML scalars. No trl needed.
+``recommender``, ``graph`` and ``llm`` (the shared backends' settings, agents/llm.py). Loaded by the
+agents' one YAML loader (agents/config.py): an unknown key, a wrong type or an out-of-range value is an
+error naming the file and the field, e.g. ``configs/sandbox/x.yaml: memory.forget_beta: Input should be
+greater than 1``. Overrides are ``section.field=value`` strings. No trl needed.
 """
 
 from __future__ import annotations
@@ -15,13 +14,12 @@ from __future__ import annotations
 from dataclasses import asdict, field
 from pathlib import Path
 
-import yaml
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import Field
 from pydantic.dataclasses import dataclass
 
+from agents.config import STRICT, ConfigError, load_yaml  # noqa: F401 (ConfigError: the error callers catch)
 from agents.llm import LLMConfig
 
-STRICT = ConfigDict(extra="forbid")
 FEATURES = ("Watcher", "Explorer", "Critic", "Chatter", "Poster")
 
 
@@ -84,44 +82,8 @@ class SandboxConfig:
     llm: LLMConfig = field(default_factory=LLMConfig)
 
 
-class ConfigError(ValueError):
-    pass
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r}: expected section.field=value")
-        *sections, name = key.split(".")
-        node = data
-        for section in sections:
-            node = node.setdefault(section, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {section} is not a section")
-        node[name] = yaml.safe_load(raw)
-    return data
-
-
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> SandboxConfig:
-    data = (yaml.safe_load(Path(path).read_text()) or {}) if path else {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of settings, got {type(data).__name__}")
-    data = apply_overrides(data, list(overrides))
-    try:
-        if isinstance(data.get("llm"), dict):  # a plain dataclass: unknown keys are checked here
-            known = set(LLMConfig.__dataclass_fields__)
-            unknown = sorted(set(data["llm"]) - known)
-            if unknown:
-                raise ConfigError(f"{path or 'config'}: llm.{unknown[0]}: unknown setting")
-            data["llm"] = LLMConfig(**data["llm"])
-        return SandboxConfig(**data)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise ConfigError(f"{path or 'config'}: {where}: {first['msg']}") from None
-    except TypeError as error:  # an unknown top-level key of a plain dataclass section
-        raise ConfigError(f"{path or 'config'}: {error}") from None
+    return load_yaml(path, SandboxConfig, overrides)
 
 
 def as_dict(config: SandboxConfig) -> dict:
