@@ -1,5 +1,3 @@
-"""The recommender sandbox (RecAgent-style agents round by round in a recommender and a social network).
-
-Built so far: config.py (the typed, nested configuration) and memory.py (sensory, short-term and
-long-term memory). The profiles, actions, environment, recommenders, runner and evaluation follow.
+"""The recommender sandbox (RecAgent-style agents round by round in a recommender and a social network):
+run with ``python -m agents.sandbox`` (agents/sandbox/run.py); the modules are described in docs/sandbox.md.
 """

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.llm import EXECUTION_FIELDS
+from agents.runs import Lock, write_json
 from agents.sandbox import movielens
 from agents.sandbox.config import FEATURES, as_dict, load_config
 from agents.sandbox.profiles import (
@@ -45,13 +45,6 @@ from agents.sandbox.social import generate_graph, load_edges
 from agents.sandbox.world import World
 from data_prep import fingerprint
 from data_prep.provenance import provenance
-
-
-def write_json(path: Path, value) -> None:
-    """Atomically: a kill never leaves half a checkpoint."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
 
 
 def keep_rounds(path: Path, last: int) -> None:
@@ -126,28 +119,6 @@ def run_inputs(config) -> dict:
     if config.graph.edges:
         inputs["edges"] = fingerprint.digest_files([Path(config.graph.edges)])
     return inputs
-
-
-class Lock:
-    """One writer per run folder: an exclusive flock on RUN_DIR/.lock, held while the process lives
-    (the kernel releases it when the process dies, so a killed or requeued run is never locked out)."""
-
-    def __init__(self, out: Path):
-        self.path = out / ".lock"
-
-    def __enter__(self):
-        import fcntl
-
-        self.handle = open(self.path, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.handle.close()
-            raise SystemExit(f"error: {self.path.parent} is held by another process") from None
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.close()  # releases the lock
 
 
 FETCHED = Path("runs/data/movielens_latest_small")  # where --fetch-missing puts the public sample

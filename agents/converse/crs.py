@@ -1,0 +1,285 @@
+"""Conversational recommenders to evaluate: one interface, batched across dialogues.
+
+    crs.reset(); reply = crs.interact("I want sushi tonight")      # one session
+    replies = BaseCRS.respond(sessions, texts)                      # many sessions, batched calls
+
+- ``BaseCRS``: a single prompt: the dialogue so far and the catalogue's best BM25 matches for it; the
+  LLM answers with its reply and the numbers of the restaurants it recommends (a JSON schema).
+- ``AgentCRS``: plans each turn: it updates the preferences the user has stated (likes, dislikes;
+  a JSON schema), chooses to ask, recommend or answer (a structured choice), and then asks about what it
+  does not know yet, recommends the best catalogue match for the remembered preferences that it has not
+  recommended before (the user's dislikes filtered out), or answers about the last recommended place from
+  the catalogue's facts.
+- ``Assistant``: a plain LLM assistant with no catalogue (the RecLLMSim setting's assistant).
+
+The catalogue is the restaurants of the Yelp sample (``load_restaurants``). Every reply records what was
+recommended (catalogue ids), so the simulator knows when to rate the recommendation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from agents.llm import Constraint, Sampling
+from agents.retrieval import BM25, top_indices
+
+CANDIDATES = 5
+
+
+@dataclass
+class Restaurant:
+    id: str
+    name: str
+    city: str
+    categories: list[str]
+    price: str  # "$" to "$$$$", or "" when unknown
+    stars: float | None
+
+    def text(self) -> str:
+        price = f", {self.price}" if self.price else ""
+        return f"{self.name} ({', '.join(self.categories)}; {self.city}{price})"
+
+
+def load_restaurants(path) -> list[Restaurant]:
+    """The Yelp sample's businesses that are restaurants or food places; a malformed line is an error
+    naming the line (the catalogue is small and must be whole)."""
+    out = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+                categories = [c.strip() for c in (item.get("categories") or "").split(",") if c.strip()]
+            except (json.JSONDecodeError, AttributeError) as err:
+                raise SystemExit(f"error: {path} line {number}: {err}") from None
+            if not {"Restaurants", "Food"} & set(categories):
+                continue
+            level = (item.get("attributes") or {}).get("RestaurantsPriceRange2")
+            price = "$" * int(level) if str(level).isdigit() else ""
+            kept = [c for c in categories if c not in ("Restaurants", "Food")]
+            out.append(
+                Restaurant(
+                    item["item_id"], item["name"], item.get("city", ""), kept, price, item.get("stars")
+                )
+            )
+    return out
+
+
+@dataclass
+class Session:
+    dialogue: list[tuple[str, str]] = field(default_factory=list)  # (role, text)
+    recommended: list[str] = field(default_factory=list)  # catalogue ids, in order
+    likes: list[str] = field(default_factory=list)
+    dislikes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Reply:
+    text: str
+    recommended: list[str] | None  # catalogue ids recommended in this reply; None: not known (Assistant)
+    plan: str = ""  # AgentCRS: ask | recommend | answer
+    fallback: bool = False  # the LLM's answer was unusable; a fixed reply was given (counted)
+
+
+class CRS:
+    """One session of a recommender; ``respond`` serves many sessions with batched LLM calls."""
+
+    name = "crs"
+
+    def __init__(self, backend, catalogue: list[Restaurant], temperature: float = 0.7, seed: int = 0):
+        self.backend, self.catalogue = backend, catalogue
+        self.sampling = Sampling(200, temperature, 1.0, seed)
+        self.index = BM25([r.text() for r in catalogue]) if catalogue else None
+        self.by_id = {r.id: r for r in catalogue}
+        self.session = Session()
+
+    def reset(self) -> None:
+        self.session = Session()
+
+    def interact(self, text: str) -> str:
+        return self.respond([self.session], [text])[0].text
+
+    def transcript(self, session: Session, last: int = 6) -> str:
+        return "\n".join(f"{'User' if r == 'user' else 'You'}: {t}" for r, t in session.dialogue[-last:])
+
+    def matches(self, query: str, exclude: set[str], n: int = CANDIDATES) -> list[Restaurant]:
+        scores = self.index.scores(query)
+        blocked = [k for k, r in enumerate(self.catalogue) if r.id in exclude]
+        scores[blocked] = -1e9
+        return [self.catalogue[k] for k in top_indices(scores, n) if scores[k] > -1e9]
+
+    def ask(self, prompts: list[str], constraint: Constraint) -> list[dict | None]:
+        answers = self.backend.generate(
+            [[{"role": "user", "content": p}] for p in prompts], self.sampling, constraint
+        )
+        out = []
+        for answer in answers:
+            try:
+                value = json.loads(answer)
+            except json.JSONDecodeError:
+                value = None
+            out.append(value if isinstance(value, dict) else None)
+        return out
+
+
+REPLY = Constraint.json_object(
+    reply={"type": "string", "minLength": 1, "maxLength": 600},
+    recommend={
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": CANDIDATES},
+        "maxItems": 2,
+    },
+)
+SAY = Constraint.json_object(reply={"type": "string", "minLength": 1, "maxLength": 600})
+FALLBACK = "Sorry, could you tell me more about what you are looking for?"
+
+
+class BaseCRS(CRS):
+    name = "base"
+
+    def respond(self, sessions: list[Session], texts: list[str]) -> list[Reply]:
+        prompts, shown = [], []
+        for session, text in zip(sessions, texts, strict=True):
+            session.dialogue.append(("user", text))
+            candidates = self.matches(" ".join(t for r, t in session.dialogue if r == "user"), set())
+            shown.append(candidates)
+            listing = "\n".join(f"{k}. {r.text()}" for k, r in enumerate(candidates, start=1))
+            prompts.append(
+                "You are a restaurant recommender. Help the user choose a restaurant from these places:\n"
+                f"{listing}\nThe conversation:\n{self.transcript(session)}\n"
+                "Reply to the user; give the numbers of the places you recommend (0 or none if you do not "
+                "recommend yet)."
+            )
+        replies = []
+        for session, candidates, value in zip(sessions, shown, self.ask(prompts, REPLY), strict=True):
+            if value is None or not str(value.get("reply", "")).strip():
+                reply = Reply(FALLBACK, [], fallback=True)
+            else:
+                numbers = [
+                    n
+                    for n in value.get("recommend") or []
+                    if isinstance(n, int) and 1 <= n <= len(candidates)
+                ]
+                reply = Reply(str(value["reply"]), [candidates[n - 1].id for n in dict.fromkeys(numbers)])
+            session.dialogue.append(("assistant", reply.text))
+            session.recommended += reply.recommended
+            replies.append(reply)
+        return replies
+
+
+PREFERENCES = Constraint.json_object(
+    likes={"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 4},
+    dislikes={"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 4},
+)
+PLANS = ["ask", "recommend", "answer"]
+
+
+class AgentCRS(CRS):
+    name = "agent"
+
+    def respond(self, sessions: list[Session], texts: list[str]) -> list[Reply]:
+        for session, text in zip(sessions, texts, strict=True):
+            session.dialogue.append(("user", text))
+        # 1. remember what the user said they like and dislike
+        stated = self.ask(
+            [
+                "What food or restaurant features does the user say they like or dislike in this message? "
+                f"Use short phrases.\nMessage: {text}"
+                for text in texts
+            ],
+            PREFERENCES,
+        )
+        for session, value in zip(sessions, stated, strict=True):
+            if value:
+                session.likes = list(dict.fromkeys([*session.likes, *map(str, value.get("likes") or [])]))[
+                    -6:
+                ]
+                session.dislikes = list(
+                    dict.fromkeys([*session.dislikes, *map(str, value.get("dislikes") or [])])
+                )[-6:]
+        # 2. plan: ask, recommend or answer
+        plans = self.backend.generate(
+            [
+                [
+                    {
+                        "role": "user",
+                        "content": "You are a restaurant recommender planning your next move. The user likes: "
+                        f"{', '.join(s.likes) or 'unknown'}; dislikes: {', '.join(s.dislikes) or 'unknown'}. "
+                        f"You have recommended {len(s.recommended)} places.\n{self.transcript(s)}\n"
+                        "Do you ask a question, recommend a place, or answer the user's question? One word: "
+                        "ask, recommend or answer.",
+                    }
+                ]
+                for s in sessions
+            ],
+            self.sampling,
+            Constraint.choice(PLANS),
+        )
+        plans = [p.strip() if p.strip() in PLANS else "ask" for p in plans]
+        if any(p == "answer" for p in plans):  # nothing recommended yet: nothing to answer about
+            plans = [
+                p if p != "answer" or s.recommended else "recommend"
+                for p, s in zip(plans, sessions, strict=True)
+            ]
+        # 3. act: the place to recommend is chosen from the catalogue, not by the LLM
+        prompts, picks = [], []
+        for session, plan in zip(sessions, plans, strict=True):
+            pick = None
+            if plan == "recommend":
+                query = " ".join(session.likes) or " ".join(t for r, t in session.dialogue if r == "user")
+                avoid = set(session.recommended) | {
+                    r.id
+                    for r in self.catalogue
+                    if any(d.lower() in r.text().lower() for d in session.dislikes)
+                }
+                found = self.matches(query, avoid, 1)
+                pick = found[0] if found else None
+            elif plan == "answer":
+                pick = self.by_id[session.recommended[-1]]
+            picks.append(pick)
+            instruction = {
+                "ask": "Ask the user one question about what they want (cuisine, price, place, occasion).",
+                "recommend": f"Recommend this place and say why it fits: {pick.text() if pick else 'none found'}.",
+                "answer": f"Answer the user's question about this place from these facts: {pick.text() if pick else ''}"
+                + (f", rated {pick.stars} stars" if pick and pick.stars else "")
+                + ".",
+            }[plan]
+            prompts.append(f"You are a restaurant recommender.\n{self.transcript(session)}\n{instruction}")
+        replies = []
+        for session, plan, pick, value in zip(sessions, plans, picks, self.ask(prompts, SAY), strict=True):
+            if value is None or not str(value.get("reply", "")).strip():
+                reply = Reply(FALLBACK, [], plan=plan, fallback=True)
+            else:
+                recommended = [pick.id] if plan == "recommend" and pick else []
+                reply = Reply(str(value["reply"]), recommended, plan=plan)
+            session.dialogue.append(("assistant", reply.text))
+            session.recommended += reply.recommended
+            replies.append(reply)
+        return replies
+
+
+class Assistant(CRS):
+    """A plain LLM assistant (the RecLLMSim setting): no catalogue, no recommendations recorded."""
+
+    name = "assistant"
+
+    def respond(self, sessions: list[Session], texts: list[str]) -> list[Reply]:
+        conversations = []
+        for session, text in zip(sessions, texts, strict=True):
+            session.dialogue.append(("user", text))
+            conversations.append(
+                [{"role": "system", "content": "You are a helpful assistant."}]
+                + [{"role": r, "content": t} for r, t in session.dialogue[-6:]]
+            )
+        answers = self.backend.generate(conversations, self.sampling)
+        replies = []
+        for session, answer in zip(sessions, answers, strict=True):
+            reply = Reply(answer.strip() or FALLBACK, None, fallback=not answer.strip())
+            session.dialogue.append(("assistant", reply.text))
+            replies.append(reply)
+        return replies
+
+
+RECOMMENDERS = {"base": BaseCRS, "agent": AgentCRS, "assistant": Assistant}

@@ -1,0 +1,245 @@
+"""Run the conversational user simulator against recommenders; resumable.
+
+    python -m agents.converse --config configs/converse/yelp.yaml --out runs/converse/demo
+    python -m agents.converse --config configs/converse/yelp.yaml --out RUN_DIR --set dialogues=40 max_turns=8
+
+Personas are sampled once (RecLLMSim's dictionaries and priors, conflicts resolved by the LLM) and
+written to RUN_DIR/personas.json; every recommender in ``crs`` talks to the same personas, so their
+ratings compare pairwise. Dialogues run in chunks of ``chunk`` (all LLM calls of a turn batched across
+the chunk); after each chunk its dialogues are appended to dialogues.jsonl and every turn to
+turns.jsonl (text, intent, actions, rating, refinements, the recommender's reply and plan). Each chunk
+draws from its own generator (seeded by the config's seed, the recommender and the chunk), so a run
+stopped and rerun continues with the next unfinished chunk and ends as the uninterrupted run would; a
+rerun with another config or data stops naming what changed (``--overwrite`` discards). At the end
+summary.json: per recommender the mean ratings, turns, end reasons and counts, with provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from agents.converse.config import as_dict, load_config
+from agents.converse.crs import RECOMMENDERS, load_restaurants
+from agents.converse.profiles import Persona, load_sources, resolve_conflicts, sample_personas
+from agents.converse.simulator import User, UserSimulator
+from agents.llm import EXECUTION_FIELDS
+from agents.runs import Lock, write_json
+from data_prep import fingerprint
+from data_prep.provenance import provenance
+
+TASKS = {  # the settings' task types (RecLLMSim's templates)
+    "yelp": ["choosing restaurant"],
+    "recllmsim": ["travel planning", "preparing gifts", "recipe planning", "skills learning planning"],
+}
+CHUNK = 8
+
+
+def run_inputs(config) -> dict:
+    settings = as_dict(config)
+    for section in ("llm", "crs_llm"):
+        for key in ("base_url", "api_key_env", *EXECUTION_FIELDS):
+            settings[section].pop(key, None)
+    data = Path(config.data)
+    files = sorted(p for p in data.rglob("*") if p.is_file())
+    inputs = {"config": settings, "data": fingerprint.digest_files(files, data)}
+    if config.setting == "yelp":
+        inputs["catalogue"] = fingerprint.digest_files([Path(config.catalogue)])
+    return inputs
+
+
+def personas_for(config, out: Path, backend) -> tuple[list[Persona], dict]:
+    path = out / "personas.json"
+    if path.exists():  # the fingerprint says the inputs are the same: the same personas
+        saved = json.loads(path.read_text())
+        return [Persona(**p) for p in saved["personas"]], saved["report"]
+    priors, report, contexts = load_sources(config.data)
+    rng = np.random.default_rng([config.seed, 0])
+    cities = None
+    if config.setting == "yelp":
+        cities = sorted({r.city for r in load_restaurants(config.catalogue) if r.city})
+    personas = sample_personas(config.dialogues, priors, contexts, config, rng, TASKS[config.setting], cities)
+    report["conflicts"] = resolve_conflicts(personas, config.conflicts, backend, rng)
+    report["priors"] = priors
+    write_json(path, {"personas": [p.to_json() for p in personas], "report": report})
+    return personas, report
+
+
+def finished(path: Path) -> set[tuple[str, int]]:
+    done = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill: its chunk is redone
+                continue
+            done.add((row["crs"], row["dialogue"]))
+    return done
+
+
+def drop_unfinished(path: Path, done: set[tuple[str, int]]) -> None:
+    """Keep only the lines of finished dialogues (a kill between the two files' writes)."""
+    if path.exists():
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if (row["crs"], row["dialogue"]) in done:
+                kept.append(line)
+        path.write_text("".join(line + "\n" for line in kept))
+
+
+def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, crs) -> tuple[list, list]:
+    """One chunk of dialogues, turn by turn, every LLM call batched across the chunk."""
+    users = [User(replace(personas[i], adopted=[])) for i in ids]
+    sessions = [type(crs.session)() for _ in ids]
+    replies = [None] * len(ids)
+    turns: list[dict] = []
+    active = list(range(len(ids)))
+    while active:
+        logs = simulator.step([users[k] for k in active], [replies[k] for k in active])
+        reply_to = [k for k, log in zip(active, logs, strict=True) if not users[k].ended]
+        answered = crs.respond([sessions[k] for k in reply_to], [users[k].dialogue[-1][1] for k in reply_to])
+        for k, reply in zip(reply_to, answered, strict=True):
+            replies[k] = reply
+        for k, log in zip(active, logs, strict=True):
+            reply = replies[k] if k in reply_to else None
+            log.update(crs=crs_name, dialogue=ids[k], persona=users[k].persona.id)
+            log["reply"] = asdict(reply) if reply else None
+            turns.append(log)
+        active = reply_to
+    dialogues = []
+    for k, user in enumerate(users):
+        dialogues.append(
+            {
+                "crs": crs_name,
+                "dialogue": ids[k],
+                "persona": user.persona.id,
+                "turns": user.turn,
+                "ended": user.ended,
+                "satisfaction": user.scores,
+                "adopted": user.persona.adopted,
+                "recommended": sessions[k].recommended,
+                "transcript": user.dialogue,
+            }
+        )
+    return dialogues, turns
+
+
+def summarise(out: Path, config, report: dict) -> dict:
+    dialogues = [
+        json.loads(line) for line in (out / "dialogues.jsonl").read_text().splitlines() if line.strip()
+    ]
+    counts = Counter()
+    for dialogue in dialogues:
+        counts.update(dialogue.get("chunk_counts", {}))
+    turns = [json.loads(line) for line in (out / "turns.jsonl").read_text().splitlines() if line.strip()]
+    per_crs = {}
+    for name in config.crs:
+        mine = [t for t in turns if t["crs"] == name and t.get("rating")]
+        ratings = {
+            key: [t["rating"][key] for t in mine if t["rating"].get(key) is not None]
+            for key in ("language_quality", "action_quality", "recommendation_quality")
+        }
+        ds = [d for d in dialogues if d["crs"] == name]
+        per_crs[name] = {
+            "dialogues": len(ds),
+            "mean_turns": round(float(np.mean([d["turns"] for d in ds])), 2) if ds else None,
+            "ended": dict(Counter(d["ended"] for d in ds)),
+            "ratings": {k: round(float(np.mean(v)), 3) if v else None for k, v in ratings.items()},
+            "rated_turns": len(mine),
+            "unrated_turns": sum(
+                1 for t in turns if t["crs"] == name and "rating" in t and t["rating"] is None
+            ),
+            "adopted_preferences": sum(len(d["adopted"]) for d in ds),
+        }
+    summary = {
+        "setting": config.setting,
+        "crs": per_crs,
+        "counts": dict(counts),
+        "personas": report,
+        "config": as_dict(config),
+        "provenance": provenance(["torch", "transformers", "numpy"]),
+    }
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def run(args, backend=None, crs_backend=None) -> dict:
+    config = load_config(args.config, args.set or [])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with Lock(out):
+        inputs = run_inputs(config)
+        has_work = (out / "personas.json").exists()
+        if not fingerprint.verdict(out, inputs, overwrite=args.overwrite, has_work=has_work):
+            for name in ("personas.json", "dialogues.jsonl", "turns.jsonl", "summary.json"):
+                (out / name).unlink(missing_ok=True)
+            print(f"--overwrite: discarded the earlier run in {out}")
+        fingerprint.record(out, inputs)
+        if backend is None:
+            from agents.llm import load_llm
+
+            backend = load_llm(config.llm)
+        if crs_backend is None:
+            from agents.llm import load_llm
+
+            crs_backend = (
+                backend if asdict(config.crs_llm) == asdict(config.llm) else load_llm(config.crs_llm)
+            )
+        personas, report = personas_for(config, out, backend)
+        catalogue = load_restaurants(config.catalogue) if config.setting == "yelp" else []
+        done = finished(out / "dialogues.jsonl")
+        drop_unfinished(out / "turns.jsonl", done)
+        chunks = [
+            (c, name, list(range(start, min(start + CHUNK, len(personas)))))
+            for c, name in enumerate(config.crs)
+            for start in range(0, len(personas), CHUNK)
+        ]
+        todo = [chunk for chunk in chunks if any((chunk[1], i) not in done for i in chunk[2])]
+        if done:
+            print(f"resuming: {len(done)} dialogues done, {len(todo)} chunks to go")
+        try:
+            for c, name, ids in tqdm(todo, desc="dialogue chunks", unit="chunk"):
+                rng = np.random.default_rng([config.seed, c + 1, ids[0]])
+                simulator = UserSimulator(config, backend, rng)
+                crs = RECOMMENDERS[name](
+                    crs_backend, catalogue, config.temperature, int(rng.integers(2**31 - 1))
+                )
+                dialogues, turns = converse(name, personas, ids, simulator, crs)
+                chunk_counts = Counter(simulator.counts)
+                chunk_counts.update(
+                    f"crs_fallbacks:{name}" for t in turns if t["reply"] and t["reply"]["fallback"]
+                )
+                dialogues[0]["chunk_counts"] = dict(chunk_counts)  # summed by summarise: resume-proof
+                with open(out / "turns.jsonl", "a") as handle:
+                    handle.writelines(json.dumps(t, ensure_ascii=False) + "\n" for t in turns)
+                with open(out / "dialogues.jsonl", "a") as handle:  # written last: the chunk is done
+                    handle.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in dialogues)
+        except KeyboardInterrupt:
+            print("\nstopped; rerun the same command to resume", file=sys.stderr)
+            raise SystemExit(130) from None
+        summary = summarise(out, config, report)
+    print(json.dumps(summary["crs"], indent=1))
+    print(f"-> {out}/dialogues.jsonl, turns.jsonl, personas.json, summary.json")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m agents.converse", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--set", nargs="*", action="extend", help="section.field=value overrides of the config"
+    )
+    parser.add_argument("--overwrite", action="store_true")
+    run(parser.parse_args(argv))

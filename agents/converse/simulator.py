@@ -1,0 +1,410 @@
+"""The conversational user simulator (RecUserSim's design): each turn, Rating -> Action -> Response, then
+the refinement tools; batched across the dialogues of a run.
+
+- **Rating** (after every recommender message): a rationale first, then 1-5 for language quality and
+  action quality and, when the recommender recommended something, recommendation quality = the
+  objective score + a subjective modifier in [-1, +1] from the persona's traits (hesitant -0.5;
+  exploratory +0.5 and conservative -0.5 when the recommendation is new to the persona), kept inside
+  1-5 (how often that bound acted is counted). A recommendation outside the known preferences that
+  fits well (``fit >= excitation_fit``) becomes a new preference with ``excitation_probability``
+  (unknown-preference excitation; logged on the persona).
+- **Action**: one or two of request_recommendation, clarify_preference, give_feedback,
+  ask_attributes, end, with the action pattern's tendencies in the prompt. The conversation ends when
+  the user chooses ``end``, at ``max_turns``, or when satisfaction stays under ``unhappy_below`` for
+  ``patience`` rated turns in a row (decisive people have less patience).
+- **Response**: from the persona, the dialogue, the satisfaction in words and the chosen actions, in
+  the persona's language pattern.
+- **Refinement**: each configured tool judges the message on its trait (a rule for sentence length;
+  the LLM for formality and information richness) and, when the judged level is not the persona's,
+  the LLM rewrites it toward that level; tools run in order and not on a closing message. Every
+  judgement and rewrite is logged.
+
+Ratings, actions, judgements and messages are structured outputs; an unusable answer becomes a logged,
+counted fallback (no rating; request_recommendation; a fixed message; no rewrite).
+
+``replay`` rates every assistant turn of recorded conversations without changing them (how the
+simulator's ratings are checked against people's).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agents.llm import Constraint, Sampling
+from data_prep.prompt import MAX_TURN_CHARS, _short
+
+ACTIONS = ["request_recommendation", "clarify_preference", "give_feedback", "ask_attributes", "end"]
+ACTION_TEXT = {
+    "request_recommendation": "ask for a (new) recommendation",
+    "clarify_preference": "tell the assistant more about what you want",
+    "give_feedback": "say what you think of the last suggestion",
+    "ask_attributes": "ask about details of a suggested place (price, dishes, atmosphere)",
+    "end": "end the conversation (you have decided, or you give up)",
+}
+# the simulator's actions in the common intent vocabulary (data_prep.recllmsim.COMMON_INTENTS)
+ACTION_INTENT = {
+    "request_recommendation": "recommend",
+    "clarify_preference": "other",
+    "give_feedback": "evaluate",
+    "ask_attributes": "search",
+    "end": "other",
+}
+TENDENCY = {
+    "decisive": "You decide quickly: once a suggestion fits, you end the conversation.",
+    "hesitant": "You take your time: you ask about details and compare before deciding.",
+    "exploratory": "You are open to suggestions you would not have thought of.",
+    "conservative": "You prefer what you already know you like.",
+}
+RATING = Constraint.json_object(
+    rationale={"type": "string", "minLength": 1, "maxLength": 300},
+    language_quality={"type": "integer", "minimum": 1, "maximum": 5},
+    action_quality={"type": "integer", "minimum": 1, "maximum": 5},
+    recommended={"type": "boolean"},
+    recommendation_quality={"type": "integer", "minimum": 1, "maximum": 5},
+    new_preference={"type": "string", "maxLength": 40},
+    fit={"type": "integer", "minimum": 1, "maximum": 5},
+)
+ACTION = Constraint.json_object(
+    actions={"type": "array", "items": {"type": "string", "enum": ACTIONS}, "minItems": 1, "maxItems": 2}
+)
+FIRST_ACTION = Constraint.json_object(
+    actions={
+        "type": "array",
+        "items": {"type": "string", "enum": ["request_recommendation", "clarify_preference"]},
+        "minItems": 1,
+        "maxItems": 2,
+    }
+)
+MESSAGE = Constraint.json_object(message={"type": "string", "minLength": 1, "maxLength": 400})
+FALLBACK_MESSAGE = "Could you suggest something?"
+
+
+def satisfaction_words(score: float | None) -> str:
+    if score is None:
+        return "You have not heard from the assistant yet."
+    if score >= 4.5:
+        return "You are delighted with the assistant so far."
+    if score >= 3.5:
+        return "You are satisfied with the assistant so far."
+    if score >= 2.5:
+        return "You are lukewarm about the assistant so far."
+    return "You are frustrated with the assistant."
+
+
+def words_per_sentence(text: str) -> float:
+    sentences = [s for s in re.split(r"[.!?。！？]+", text) if s.strip()]
+    return len(text.split()) / max(len(sentences), 1)
+
+
+def parse(answer: str) -> dict | None:
+    try:
+        value = json.loads(answer)
+    except (json.JSONDecodeError, TypeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass
+class User:
+    """One simulated user in one dialogue."""
+
+    persona: object  # agents.converse.profiles.Persona
+    dialogue: list[tuple[str, str]] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # satisfaction per rated turn
+    ended: str | None = None  # why the conversation ended: chosen | max_turns | impatient
+
+    @property
+    def turn(self) -> int:
+        return sum(1 for role, _ in self.dialogue if role == "user")
+
+
+class UserSimulator:
+    def __init__(self, config, backend, rng: np.random.Generator):
+        """config: ConverseConfig; backend: a shared LLM backend; rng: the run's generator."""
+        self.config, self.backend, self.rng = config, backend, rng
+        self.counts: Counter = Counter()
+
+    def generate(self, prompts: list[str], constraint: Constraint, kind: str, tokens: int = 160) -> list[str]:
+        if not prompts:
+            return []
+        sampling = Sampling(tokens, self.config.temperature, 1.0, int(self.rng.integers(2**31 - 1)))
+        self.counts[f"llm_calls:{kind}"] += len(prompts)
+        self.counts["llm_batches"] += 1
+        return self.backend.generate(
+            [[{"role": "user", "content": p}] for p in prompts], sampling, constraint
+        )
+
+    @staticmethod
+    def transcript(dialogue: list[tuple[str, str]], last: int = 6) -> str:
+        lines = [
+            f"{'You' if r == 'user' else 'Assistant'}: {_short(t, MAX_TURN_CHARS)}"
+            for r, t in dialogue[-last:]
+        ]
+        return "\n".join(lines)
+
+    # -- rating -------------------------------------------------------------------------------------------
+    def rate(self, items: list[dict]) -> list[dict | None]:
+        """items: {"about": persona text, "task", "dialogue" (ending with the assistant's message),
+        "recommended": True/False (the recommender says) or None (unknown: the LLM judges), "persona":
+        a Persona for the subjective modifiers, or None (replay: no modifiers)}."""
+        prompts = [
+            f"{item['about']}\nYour task: {item['task']}\n{self.transcript(item['dialogue'])}\n"
+            "Rate the assistant's last message. First explain your rating in one or two sentences, then score "
+            "1-5 how well it is written (language_quality), how sensible its move is (action_quality), "
+            "whether it recommended something specific (recommended) and how good that recommendation is "
+            "for you (recommendation_quality), and name any new thing it suggested that you had not "
+            "thought of (new_preference, empty if none) with how well it fits you (fit)."
+            for item in items
+        ]
+        out = []
+        for item, answer in zip(items, self.generate(prompts, RATING, "rating", 200), strict=True):
+            value = parse(answer)
+            if value is None or not all(k in value for k in json.loads(RATING.schema)["properties"]):
+                self.counts["fallback:rating"] += 1
+                out.append(None)
+                continue
+            recommended = (
+                item["recommended"] if item["recommended"] is not None else bool(value["recommended"])
+            )
+            rating = {
+                "rationale": str(value["rationale"]),
+                "language_quality": int(value["language_quality"]),
+                "action_quality": int(value["action_quality"]),
+                "recommended": recommended,
+                "recommendation_quality": None,
+                "new_preference": str(value.get("new_preference") or "").strip(),
+                "fit": int(value["fit"]),
+            }
+            if recommended:
+                objective = int(value["recommendation_quality"])
+                modifier = self.modifier(item["persona"], bool(rating["new_preference"]))
+                raw = objective + modifier
+                final = min(5.0, max(1.0, raw))
+                self.counts["recommendation_quality_bounded"] += final != raw
+                rating.update(objective=objective, modifier=modifier, recommendation_quality=final)
+            out.append(rating)
+        return out
+
+    @staticmethod
+    def modifier(persona, novel: bool) -> float:
+        """The subjective modifier in [-1, +1] from the traits (0 without a persona)."""
+        if persona is None:
+            return 0.0
+        value = -0.5 if persona.action["decisiveness"] == "hesitant" else 0.0
+        if novel:
+            value += 0.5 if persona.action["exploration"] == "exploratory" else -0.5
+        return max(-1.0, min(1.0, value))
+
+    # -- a turn ---------------------------------------------------------------------------------------------
+    def step(self, users: list[User], replies: list) -> list[dict]:
+        """One user turn for each user: ``replies[i]`` is the recommender's last Reply (None before the
+        first turn). Returns one log record per user, with the user's message (None if it ended)."""
+        logs = [{"turn": u.turn + 1} for u in users]
+        for user, reply in zip(users, replies, strict=True):
+            if reply is not None:
+                user.dialogue.append(("assistant", reply.text))
+        rated = [i for i, r in enumerate(replies) if r is not None]
+        ratings = self.rate(
+            [
+                {
+                    "about": users[i].persona.describe(),
+                    "task": users[i].persona.task,
+                    "dialogue": users[i].dialogue,
+                    "recommended": bool(replies[i].recommended)
+                    if replies[i].recommended is not None
+                    else None,
+                    "persona": users[i].persona,
+                }
+                for i in rated
+            ]
+        )
+        for i, rating in zip(rated, ratings, strict=True):
+            logs[i]["rating"] = rating
+            if rating is None:
+                continue
+            parts = [rating["language_quality"], rating["action_quality"]]
+            if rating["recommendation_quality"] is not None:
+                parts.append(rating["recommendation_quality"])
+            users[i].scores.append(float(np.mean(parts)))
+            self.excite(users[i], rating, logs[i])
+        # actions
+        prompts, constraints = [], []
+        for user in users:
+            persona = user.persona
+            score = user.scores[-1] if user.scores else None
+            options = ACTIONS if user.dialogue else ACTIONS[:2]
+            listing = "\n".join(f"{a}: {ACTION_TEXT[a]}" for a in options)
+            prompts.append(
+                f"{persona.describe()}\nYour task: {persona.task}\n{TENDENCY[persona.action['decisiveness']]} "
+                f"{TENDENCY[persona.action['exploration']]}\n{self.transcript(user.dialogue)}\n"
+                f"{satisfaction_words(score)}\nWhat do you do next? Choose one or two:\n{listing}"
+            )
+            constraints.append(ACTION if user.dialogue else FIRST_ACTION)
+        actions = self.actions(prompts, constraints)
+        for i, (user, chosen) in enumerate(zip(users, actions, strict=True)):
+            logs[i]["actions"] = chosen
+            streak = 0
+            for score in reversed(user.scores):
+                if score >= self.config.rating.unhappy_below:
+                    break
+                streak += 1
+            if "end" in chosen:
+                user.ended = "chosen"
+            elif user.turn + 1 >= self.config.max_turns:
+                user.ended = "max_turns"  # this turn is the last: its message closes
+            elif streak >= self.config.rating.patience[user.persona.action["decisiveness"]]:
+                user.ended = "impatient"
+                logs[i]["actions"] = chosen = ["end"]
+            logs[i]["ended"] = user.ended
+        # responses
+        prompts = []
+        for user, log in zip(users, logs, strict=True):
+            persona = user.persona
+            wanted = "; ".join(ACTION_TEXT[a] for a in log["actions"])
+            closing = " This is your last message: close the conversation." if user.ended else ""
+            prompts.append(
+                f"{persona.describe()}\nYour task: {persona.task}\n{persona.style()}\n"
+                f"{self.transcript(user.dialogue)}\n{satisfaction_words(user.scores[-1] if user.scores else None)}\n"
+                f"Write your next message to the assistant. In it you {wanted}.{closing}"
+            )
+        messages = []
+        for answer in self.generate(prompts, MESSAGE, "response", 120):
+            value = parse(answer)
+            if value is None or not str(value.get("message", "")).strip():
+                self.counts["fallback:response"] += 1
+                messages.append(FALLBACK_MESSAGE)
+            else:
+                messages.append(str(value["message"]).strip())
+        for log in logs:
+            log["intent"] = ACTION_INTENT[log["actions"][0]]
+        messages = self.refine(users, messages, logs)
+        for user, log, message in zip(users, logs, messages, strict=True):
+            user.dialogue.append(("user", message))
+            log["message"] = message
+        return logs
+
+    def actions(self, prompts: list[str], constraints: list[Constraint]) -> list[list[str]]:
+        out: list[list[str] | None] = [None] * len(prompts)
+        for constraint in dict.fromkeys(constraints):  # one batch per constraint (first turns differ)
+            index = [k for k, c in enumerate(constraints) if c == constraint]
+            answers = self.generate([prompts[k] for k in index], constraint, "action", 40)
+            allowed = json.loads(constraint.schema)["properties"]["actions"]["items"]["enum"]
+            for k, answer in zip(index, answers, strict=True):
+                value = parse(answer)
+                chosen = value.get("actions") if value else None
+                if not isinstance(chosen, list) or not chosen or not all(a in allowed for a in chosen):
+                    self.counts["fallback:action"] += 1
+                    chosen = ["request_recommendation"]
+                out[k] = list(dict.fromkeys(chosen))
+        return out
+
+    def excite(self, user: User, rating: dict, log: dict) -> None:
+        """Unknown-preference excitation: a well-fitting new suggestion may become a preference."""
+        new = rating["new_preference"]
+        if not (rating["recommended"] and new) or rating["fit"] < self.config.rating.excitation_fit:
+            return
+        known = {p.lower() for p in user.persona.preferences} | {
+            a["preference"].lower() for a in user.persona.adopted
+        }
+        if new.lower() in known:
+            return
+        if self.rng.random() < self.config.rating.excitation_probability:
+            adopted = {"preference": new, "turn": user.turn + 1, "fit": rating["fit"]}
+            user.persona.adopted.append(adopted)
+            log["adopted"] = adopted
+            self.counts["adopted_preferences"] += 1
+
+    # -- refinement -----------------------------------------------------------------------------------------
+    def refine(self, users: list[User], messages: list[str], logs: list[dict]) -> list[str]:
+        """Each tool in order: judge every open message, rewrite those off the persona's level."""
+        messages = list(messages)
+        for log in logs:
+            log["refinements"] = []
+        if not self.config.refinement.enabled:
+            return messages
+        for tool in self.config.refinement.tools:
+            levels = list(self.config.priors.language[tool.trait])
+            open_ = [i for i, u in enumerate(users) if not u.ended]  # no refinement of a closing message
+            judged = self.judge(tool, [messages[i] for i in open_], levels)
+            targets = [users[i].persona.language.get(tool.trait) for i in open_]
+            redo = [
+                (i, level, target)
+                for i, level, target in zip(open_, judged, targets, strict=True)
+                if level is not None and target is not None and level != target
+            ]
+            prompts = [
+                f"Rewrite this message so that its {tool.trait.replace('_', ' ')} is {target} instead of {level}. "
+                f"Keep its meaning and write only the message.\nMessage: {messages[i]}"
+                for i, level, target in redo
+            ]
+            rewritten = self.generate(prompts, MESSAGE, f"refine:{tool.name}", 120)
+            done = {}
+            for (i, level, target), answer in zip(redo, rewritten, strict=True):
+                value = parse(answer)
+                if value is None or not str(value.get("message", "")).strip():
+                    self.counts["fallback:refine"] += 1
+                    continue
+                done[i] = (level, target, str(value["message"]).strip())
+            for i, level in zip(open_, judged, strict=True):
+                entry = {
+                    "tool": tool.name,
+                    "judged": level,
+                    "target": users[i].persona.language.get(tool.trait),
+                }
+                if i in done:
+                    entry.update(before=messages[i], after=done[i][2])
+                    messages[i] = done[i][2]
+                logs[i]["refinements"].append(entry)
+        return messages
+
+    def judge(self, tool, messages: list[str], levels: list[str]) -> list[str | None]:
+        if tool.judge == "rule":
+            low, high = tool.thresholds
+            out = []
+            for message in messages:
+                words = words_per_sentence(message)
+                out.append(
+                    levels[0] if words < low else levels[-1] if words > high else levels[len(levels) // 2]
+                )
+            return out
+        prompts = [
+            f"{tool.question}\nMessage: {m}\nAnswer with one of: {', '.join(levels)}" for m in messages
+        ]
+        answers = self.generate(prompts, Constraint.choice(levels), f"judge:{tool.name}", 8)
+        out = []
+        for answer in answers:
+            if answer.strip() in levels:
+                out.append(answer.strip())
+            else:
+                self.counts["fallback:judge"] += 1
+                out.append(None)
+        return out
+
+    # -- replay -------------------------------------------------------------------------------------------------
+    def replay(self, conversations: list[dict]) -> list[list[dict | None]]:
+        """conversations: {"about": persona text, "task", "turns": [(role, text)]}. Every assistant turn
+        rated with the dialogue up to it, in one batch; the dialogues are not changed. The recommender's
+        recommendations are unknown here: the LLM judges whether one was made; no trait modifiers."""
+        items, where = [], []
+        for c, conversation in enumerate(conversations):
+            for t, (role, _) in enumerate(conversation["turns"]):
+                if role == "assistant":
+                    items.append(
+                        {
+                            "about": conversation["about"],
+                            "task": conversation["task"],
+                            "dialogue": conversation["turns"][: t + 1],
+                            "recommended": None,
+                            "persona": None,
+                        }
+                    )
+                    where.append(c)
+        out: list[list] = [[] for _ in conversations]
+        for c, rating in zip(where, self.rate(items), strict=True):
+            out[c].append(rating)
+        return out

@@ -1,0 +1,37 @@
+"""What every agent run shares: one writer per run folder, and atomic JSON writes (a kill never leaves
+half a file). Fingerprints (refusing a resume from other inputs) are data_prep.fingerprint's."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def write_json(path: Path, value) -> None:
+    """Atomically: a kill never leaves half a checkpoint."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+class Lock:
+    """One writer per run folder: an exclusive flock on RUN_DIR/.lock, held while the process lives
+    (the kernel releases it when the process dies, so a killed or requeued run is never locked out)."""
+
+    def __init__(self, out: Path):
+        self.path = out / ".lock"
+
+    def __enter__(self):
+        import fcntl
+
+        self.handle = open(self.path, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.handle.close()
+            raise SystemExit(f"error: {self.path.parent} is held by another process") from None
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()  # releases the lock
