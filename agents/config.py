@@ -39,7 +39,10 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             node = node.setdefault(section, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {section} is not a section")
-        node[name] = yaml.safe_load(raw)
+        try:
+            node[name] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: not a YAML value ({err})") from None
     return data
 
 

@@ -1,0 +1,68 @@
+"""A scripted, deterministic backend for the conversational simulator's tests: answers by the
+constraint's shape, and records the kind of every call in order."""
+
+import json
+
+
+class Scripted:
+    def __init__(self, rating=None, actions=None, judged=None, keep=None, plan="recommend"):
+        """rating: the rating JSON (a dict; None: garbage); actions: a list of action lists, one per
+        user turn number (the last repeats); judged: trait level the LLM judger answers; keep: which
+        option of a conflict is kept (index; None: garbage); plan: the AgentCRS plan."""
+        self.rating = (
+            rating
+            if rating is not None
+            else {
+                "rationale": "fine",
+                "language_quality": 4,
+                "action_quality": 4,
+                "recommended": True,
+                "recommendation_quality": 4,
+                "new_preference": "",
+                "fit": 3,
+            }
+        )
+        self.actions = actions or [["request_recommendation"]]
+        self.judged, self.keep, self.plan = judged, keep, plan
+        self.kinds: list[str] = []
+
+    def generate(self, conversations, sampling, constraint=None):
+        return [self.answer(c, constraint) for c in conversations]
+
+    def answer(self, conversation, constraint):
+        text = conversation[-1]["content"]
+        if constraint is None:
+            self.kinds.append("assistant")
+            return "Here is an idea for you."
+        if constraint.kind == "choice":
+            options = list(constraint.options)
+            if "ask" in options:
+                self.kinds.append("plan")
+                return self.plan
+            if "contradict" in text:
+                self.kinds.append("conflict")
+                return "maybe" if self.keep is None else options[self.keep]
+            self.kinds.append("judge")
+            return self.judged if self.judged is not None else options[0]
+        keys = set(json.loads(constraint.schema)["properties"])
+        if "rationale" in keys:
+            self.kinds.append("rating")
+            return "{oops" if self.rating == "garbage" else json.dumps(self.rating)
+        if keys == {"actions"}:
+            self.kinds.append("action")
+            turn = text.count("\nYou: ")  # the user's earlier turns in the transcript
+            return json.dumps({"actions": self.actions[min(turn, len(self.actions) - 1)]})
+        if keys == {"message"}:
+            if text.startswith("Rewrite"):
+                self.kinds.append("refine")
+                return json.dumps({"message": "Rewritten. Short."})
+            self.kinds.append("response")
+            return json.dumps({"message": "I would like a quiet place with good noodles tonight please"})
+        if keys == {"likes", "dislikes"}:
+            self.kinds.append("crs:preferences")
+            return json.dumps({"likes": ["noodles"], "dislikes": []})
+        if keys == {"reply", "recommend"}:
+            self.kinds.append("crs:reply")
+            return json.dumps({"reply": "Try the first place.", "recommend": [1]})
+        self.kinds.append("crs:say")
+        return json.dumps({"reply": "How about this one?"})

@@ -1,0 +1,299 @@
+"""The conversational user simulator with a scripted backend: profile sampling and conflict
+resolution, preference excitation, the rating -> action -> response order, each refinement tool's
+judger and refiner, the end-of-conversation rules, replay, and a resumable run against both
+recommenders."""
+
+import argparse
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from converse_fakes import Scripted
+
+from agents.converse import profiles
+from agents.converse.config import ConfigError, load_config
+from agents.converse.crs import AgentCRS, BaseCRS, Session, load_restaurants
+from agents.converse.run import run
+from agents.converse.simulator import User, UserSimulator, words_per_sentence
+
+
+@pytest.fixture(scope="module")
+def sources(raw):
+    return profiles.load_sources(raw / "recllmsim")
+
+
+def config(*overrides):
+    return load_config(None, list(overrides))
+
+
+def persona(**changes):
+    base = profiles.Persona(
+        id=0, gender="Female", age=30, occupation="Engineer", personality=["Calm"], interests=["Reading"],
+        spending=["Frugal"], preferences=["Seafood", "Japanese cuisine"], dislikes=["Fast food"],
+        place="at home", time="evening", company="alone",
+        language={"information_richness": "medium", "formality": "low", "sentence_length": "short"},
+        action={"decisiveness": "decisive", "exploration": "exploratory"},
+        task="Choose a restaurant for dinner.", task_type="choosing restaurant",
+    )  # fmt: skip
+    return replace(base, **changes)
+
+
+def test_priors_come_from_the_data_and_sampling_follows_the_seed(sources, raw):
+    priors, report, contexts = sources
+    assert report["people"] == 31 and report["pool"] == 100
+    # each tag: its count among the 31 real people's profiles, plus one
+    from data_prep import recllmsim
+
+    loaded = recllmsim.load(raw / "recllmsim")
+    students = sum(
+        1
+        for c in loaded.conversations
+        if c.source == "human" and c.persona and c.profile["occupation"] == "学生"
+    )
+    people = {c.persona: c.profile for c in loaded.conversations if c.source == "human"}
+    students = sum(1 for p in people.values() if p["occupation"] == "学生")
+    assert priors["occupation"]["Student"] == students + 1 and students > 0
+    assert "Others" not in priors["occupation"]
+    assert sum(priors["gender"].values()) == 131  # 31 people + 100 pool profiles
+    one = profiles.sample_personas(
+        5, priors, contexts, config(), np.random.default_rng(3), ["preparing gifts"]
+    )
+    two = profiles.sample_personas(
+        5, priors, contexts, config(), np.random.default_rng(3), ["preparing gifts"]
+    )
+    assert [p.to_json() for p in one] == [p.to_json() for p in two]
+    for p in one:
+        assert not set(p.preferences) & set(p.dislikes) and "[" not in p.task
+        assert set(p.language) == {"information_richness", "formality", "sentence_length"}
+
+
+def test_template_slots_are_drawn_once_and_mapped():
+    slots = {
+        "TARGET": ["teacher", "nephew"],
+        "REASON": [
+            '[TARGET:{"teacher": "Teacher\'s Day", "nephew": "Children\'s Day"}] is near; visit your [TARGET]'
+        ],
+    }
+    for seed in range(6):
+        text = profiles.fill_template("Recently, [REASON].", slots, np.random.default_rng(seed))
+        assert text in (
+            "Recently, Teacher's Day is near; visit your teacher.",
+            "Recently, Children's Day is near; visit your nephew.",
+        )
+
+
+def test_conflicts_are_resolved_by_the_llm_and_logged():
+    keeps_second = [persona(preferences=["Vegan", "Seafood", "Baking"])]
+    counts = profiles.resolve_conflicts(
+        keeps_second, [["Vegan", "Seafood"]], Scripted(keep=1), np.random.default_rng(0)
+    )
+    assert keeps_second[0].preferences == ["Seafood", "Baking"] and counts == {"conflicts": 1}
+    assert keeps_second[0].resolutions == [
+        {"conflict": ["Vegan", "Seafood"], "kept": "Seafood", "dropped": "Vegan", "answer": "Seafood"}
+    ]
+    garbled = [persona(preferences=["Vegan", "Seafood"])]
+    counts = profiles.resolve_conflicts(
+        garbled, [["Vegan", "Seafood"]], Scripted(keep=None), np.random.default_rng(0)
+    )
+    assert garbled[0].preferences == ["Vegan"] and counts["unusable_answers"] == 1  # the first kept, counted
+    untouched = [persona()]
+    assert profiles.resolve_conflicts(
+        untouched, [["Vegan", "Seafood"]], Scripted(), np.random.default_rng(0)
+    ) == {"conflicts": 0}
+
+
+class Reply:
+    def __init__(self, text="Try Sushi Den.", recommended=("x",)):
+        self.text, self.recommended = text, list(recommended) if recommended is not None else None
+
+
+def test_a_turn_rates_then_acts_then_responds_then_refines():
+    backend = Scripted(actions=[["request_recommendation"], ["give_feedback"]], judged="high")
+    simulator = UserSimulator(config("refinement.enabled=true"), backend, np.random.default_rng(0))
+    user = User(persona())
+    first = simulator.step([user], [None])[0]
+    assert "rating" not in first and first["actions"] == ["request_recommendation"]
+    assert backend.kinds[:2] == ["action", "response"]  # nothing to rate before the recommender speaks
+    backend.kinds.clear()
+    log = simulator.step([user], [Reply()])[0]
+    assert backend.kinds[:3] == ["rating", "action", "response"]
+    rating = log["rating"]
+    assert rating["recommended"] and rating["objective"] == 4 and rating["modifier"] == 0.0
+    assert log["actions"] == ["give_feedback"] and log["intent"] == "evaluate"
+    assert [d[0] for d in user.dialogue] == ["user", "assistant", "user"] and user.scores == [4.0]
+
+
+def test_recommendation_quality_gets_the_traits_modifier_and_stays_inside_one_to_five():
+    novel = {"rationale": "new", "language_quality": 5, "action_quality": 5, "recommended": True,
+             "recommendation_quality": 5, "new_preference": "Ramen", "fit": 2}  # fmt: skip
+    simulator = UserSimulator(config(), Scripted(rating=novel), np.random.default_rng(0))
+    explorer = persona(action={"decisiveness": "decisive", "exploration": "exploratory"})
+    rating = simulator.step([User(explorer)], [Reply()])[0]["rating"]
+    assert (rating["objective"], rating["modifier"], rating["recommendation_quality"]) == (5, 0.5, 5.0)
+    assert simulator.counts["recommendation_quality_bounded"] == 1
+    doubter = persona(action={"decisiveness": "hesitant", "exploration": "conservative"})
+    rating = simulator.step([User(doubter)], [Reply()])[0]["rating"]
+    assert (rating["modifier"], rating["recommendation_quality"]) == (-1.0, 4.0)
+    rating = simulator.step([User(doubter)], [Reply(recommended=[])])[0]["rating"]
+    assert rating["recommendation_quality"] is None  # nothing recommended: not rated
+
+
+def test_a_well_fitting_new_suggestion_may_become_a_preference():
+    good = {"rationale": "r", "language_quality": 4, "action_quality": 4, "recommended": True,
+            "recommendation_quality": 5, "new_preference": "Korean BBQ", "fit": 5}  # fmt: skip
+    simulator = UserSimulator(
+        config("rating.excitation_probability=1"), Scripted(rating=good), np.random.default_rng(0)
+    )
+    user = User(persona())
+    log = simulator.step([user], [Reply()])[0]
+    assert log["adopted"] == {"preference": "Korean BBQ", "turn": 1, "fit": 5}
+    assert user.persona.adopted == [log["adopted"]] and "Korean BBQ" in user.persona.describe()
+    weak = dict(good, fit=3)
+    simulator = UserSimulator(
+        config("rating.excitation_probability=1"), Scripted(rating=weak), np.random.default_rng(0)
+    )
+    assert "adopted" not in simulator.step([User(persona())], [Reply()])[0]
+    never = UserSimulator(
+        config("rating.excitation_probability=0"), Scripted(rating=good), np.random.default_rng(0)
+    )
+    assert "adopted" not in never.step([User(persona())], [Reply()])[0]
+
+
+def test_the_rule_judger_and_the_llm_judger_each_lead_to_a_logged_rewrite():
+    assert words_per_sentence("One two three. Four five six seven!") == 3.5
+    backend = Scripted(judged="medium")
+    simulator = UserSimulator(config(), backend, np.random.default_rng(0))
+    log = simulator.step([User(persona())], [None])[0]
+    tools = {r["tool"]: r for r in log["refinements"]}
+    # the response has 12 words in one sentence: "medium" length (8 < 12 <= 16), the persona writes short
+    assert tools["sentence length"]["judged"] == "medium" and tools["sentence length"]["target"] == "short"
+    assert tools["sentence length"]["after"] == "Rewritten. Short."
+    assert tools["formality"]["judged"] == "medium" and "after" in tools["formality"]  # persona: low
+    assert (
+        tools["information richness"]["judged"] == "medium" and "after" not in tools["information richness"]
+    )
+    assert log["message"] == "Rewritten. Short." and backend.kinds.count("refine") == 2
+
+
+def test_a_tool_added_by_config_refines_its_own_trait():
+    extra = config(
+        "priors.language={politeness: {low: 1, high: 1}}",
+        'refinement.tools=[{name: politeness, trait: politeness, question: "How polite is it?"}]',
+    )
+    backend = Scripted(judged="low")
+    simulator = UserSimulator(extra, backend, np.random.default_rng(0))
+    log = simulator.step([User(persona(language={"politeness": "high"}))], [None])[0]
+    assert log["refinements"] == [
+        {"tool": "politeness", "judged": "low", "target": "high", "before": log["refinements"][0]["before"],
+         "after": "Rewritten. Short."}
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="not in priors.language"):
+        config("refinement.tools=[{name: tone, trait: tone, question: q}]")
+
+
+def test_the_end_of_conversation_rules():
+    chosen = UserSimulator(
+        config(), Scripted(actions=[["request_recommendation"], ["end"]]), np.random.default_rng(0)
+    )
+    user = User(persona())
+    chosen.step([user], [None])
+    backend = chosen.backend
+    backend.kinds.clear()
+    log = chosen.step([user], [Reply()])[0]
+    assert user.ended == "chosen" and log["ended"] == "chosen"
+    assert (
+        "refine" not in backend.kinds and "judge" not in backend.kinds
+    )  # no refinement of a closing message
+    capped = UserSimulator(config("max_turns=2"), Scripted(), np.random.default_rng(0))
+    user = User(persona())
+    capped.step([user], [None])
+    assert user.ended is None
+    capped.step([user], [Reply()])
+    assert user.ended == "max_turns" and user.turn == 2
+    awful = {"rationale": "bad", "language_quality": 1, "action_quality": 1, "recommended": False,
+             "recommendation_quality": 1, "new_preference": "", "fit": 1}  # fmt: skip
+    impatient = UserSimulator(config("max_turns=10"), Scripted(rating=awful), np.random.default_rng(0))
+    user = User(persona())  # decisive: patience 2
+    impatient.step([user], [None])
+    impatient.step([user], [Reply()])
+    assert user.ended is None
+    log = impatient.step([user], [Reply()])[0]
+    assert user.ended == "impatient" and log["actions"] == ["end"]
+
+
+def test_unusable_answers_fall_back_and_are_counted():
+    simulator = UserSimulator(config(), Scripted(rating="garbage"), np.random.default_rng(0))
+    log = simulator.step([User(persona())], [Reply()])[0]
+    assert log["rating"] is None and simulator.counts["fallback:rating"] == 1
+
+
+def test_replay_rates_every_assistant_turn_and_leaves_the_dialogue_alone():
+    turns = [("user", "Ideas?"), ("assistant", "A book."), ("user", "Other?"), ("assistant", "A scarf.")]
+    recorded = {"about": "You are a teacher.", "task": "A gift.", "turns": list(turns)}
+    backend = Scripted()
+    ratings = UserSimulator(config(), backend, np.random.default_rng(0)).replay([recorded, recorded])
+    assert [len(r) for r in ratings] == [2, 2] and recorded["turns"] == turns
+    assert all(r["modifier"] == 0.0 for rs in ratings for r in rs)  # no persona traits in replay
+    assert backend.kinds == ["rating"] * 4  # nothing but ratings, in one batch
+
+
+def test_both_recommenders_recommend_from_the_catalogue(raw):
+    catalogue = load_restaurants(raw / "yelp_asc_sample" / "item_subset.json")
+    assert len(catalogue) > 300 and all(r.categories is not None for r in catalogue)
+    base = BaseCRS(Scripted(), catalogue)
+    reply = base.respond([Session()], ["I want sushi"])[0]
+    assert reply.recommended and base.by_id[reply.recommended[0]]  # the first of the shown matches
+    agent = AgentCRS(Scripted(plan="recommend"), catalogue)
+    session = Session()
+    first = agent.respond([session], ["I love noodles"])[0]
+    assert session.likes == ["noodles"] and first.plan == "recommend" and first.recommended
+    second = agent.respond([session], ["Another one?"])[0]
+    assert second.recommended and second.recommended != first.recommended  # never the same place twice
+    asker = AgentCRS(Scripted(plan="answer"), catalogue)
+    assert asker.respond([Session()], ["hi"])[0].plan == "recommend"  # nothing to answer about yet
+
+
+def args(raw, out, *extra, overwrite=False):
+    settings = [f"data={raw / 'recllmsim'}", f"catalogue={raw / 'yelp_asc_sample' / 'item_subset.json'}",
+                "dialogues=10", "max_turns=3", *extra]  # fmt: skip
+    return argparse.Namespace(config=None, out=str(out), set=settings, overwrite=overwrite)
+
+
+def lines(path):
+    return path.read_text().splitlines()
+
+
+def test_a_run_talks_to_both_recommenders_resumes_and_refuses_other_inputs(raw, tmp_path, monkeypatch):
+    straight = tmp_path / "straight"
+    summary = run(args(raw, straight), Scripted(), Scripted())
+    assert set(summary["crs"]) == {"base", "agent"} and summary["crs"]["base"]["dialogues"] == 10
+    assert summary["crs"]["agent"]["ended"] == {"max_turns": 10}
+    personas = json.loads((straight / "personas.json").read_text())
+    assert len(personas["personas"]) == 10 and "priors" in personas["report"]
+    turns = [json.loads(line) for line in lines(straight / "turns.jsonl")]
+    assert {t["crs"] for t in turns} == {"base", "agent"} and all("refinements" in t for t in turns)
+    # stopped after the first chunk, then resumed
+    stopped = tmp_path / "stopped"
+    from agents.converse import run as runner
+
+    real = runner.converse
+    calls = []
+
+    def dies_on_the_second_chunk(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "converse", dies_on_the_second_chunk)
+    with pytest.raises(SystemExit):
+        run(args(raw, stopped), Scripted(), Scripted())
+    monkeypatch.setattr(runner, "converse", real)
+    assert len(lines(stopped / "dialogues.jsonl")) == 8  # the first chunk, whole
+    resumed = run(args(raw, stopped), Scripted(), Scripted())
+    assert lines(stopped / "dialogues.jsonl") == lines(straight / "dialogues.jsonl")
+    assert lines(stopped / "turns.jsonl") == lines(straight / "turns.jsonl")
+    assert resumed["counts"] == summary["counts"]
+    with pytest.raises(SystemExit, match="max_turns"):
+        run(args(raw, stopped, "max_turns=4"), Scripted(), Scripted())
