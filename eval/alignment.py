@@ -216,7 +216,7 @@ def plot(results: dict, path: Path) -> None:
     for k, (name, dist) in enumerate(series.items()):
         total = sum(dist.values())
         heights = [dist.get(float(b), 0) / total for b in bins]
-        ax.bar(bins + (k - len(series) / 2) * width, heights, width=width, label=name)
+        ax.bar(bins + (k - (len(series) - 1) / 2) * width, heights, width=width, label=name)
     ax.set_xticks(bins)
     ax.set_xlabel("stars (predictions rounded to half stars)")
     ax.set_ylabel("share of held-out ratings")

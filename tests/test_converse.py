@@ -46,11 +46,6 @@ def test_priors_come_from_the_data_and_sampling_follows_the_seed(sources, raw):
     from data_prep import recllmsim
 
     loaded = recllmsim.load(raw / "recllmsim")
-    students = sum(
-        1
-        for c in loaded.conversations
-        if c.source == "human" and c.persona and c.profile["occupation"] == "学生"
-    )
     people = {c.persona: c.profile for c in loaded.conversations if c.source == "human"}
     students = sum(1 for p in people.values() if p["occupation"] == "学生")
     assert priors["occupation"]["Student"] == students + 1 and students > 0
