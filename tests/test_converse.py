@@ -292,3 +292,28 @@ def test_a_run_talks_to_both_recommenders_resumes_and_refuses_other_inputs(raw, 
     assert resumed["counts"] == summary["counts"]
     with pytest.raises(SystemExit, match="max_turns"):
         run(args(raw, stopped, "max_turns=4"), Scripted(), Scripted())
+
+
+def test_the_evaluation_of_a_run_by_hand(raw, tmp_path):
+    from eval import converse as ev
+
+    folder = tmp_path / "run"
+    run(args(raw, folder), Scripted(), Scripted())
+    results = ev.evaluate(folder, raw / "recllmsim", tmp_path / "eval")
+    base = results["ratings"]["per_crs"]["base"]
+    assert base["language_quality"] == {"mean": 4.0, "ci95": [4.0, 4.0], "dialogues": 10}
+    assert results["ratings"]["paired"]["base - agent: language_quality"]["mean"] == 0.0
+    realism = results["realism"]
+    assert realism["simulated"]["user_turns"]["mean"] == 3.0  # max_turns=3, never ended earlier
+    llm = realism["against"]["RecLLMSim LLM users"]
+    # every simulated turn asked for a recommendation: the distance is the LLM users' share of other intents
+    share = llm["intents"]["recommend"] / sum(llm["intents"].values())
+    assert llm["tv_intents"] == round(1 - share, 3)
+    people = realism["against"]["real people"]
+    assert (
+        people["words_per_user_turn_en"].startswith("not comparable")
+        and people["chars_per_user_turn_zh"]["n"] > 1000
+    )
+    words = results["controllability"]["words_by_sentence_length_setting"]
+    assert sum(v["n"] for v in words.values()) == 60  # 2 recommenders x 10 dialogues x 3 turns
+    assert (tmp_path / "eval" / "lengths.png").stat().st_size > 0

@@ -1,0 +1,272 @@
+"""Evaluate a conversational simulator run (agents.converse): the recommenders' ratings, and how the
+simulated users compare with RecLLMSim's LLM users and real people.
+
+    python -m eval.converse --run runs/converse/demo --out runs/converse/demo/eval
+
+- **Ratings per recommender**: the mean of each rating (language, action, recommendation quality) with
+  a 95% bootstrap interval over dialogues (each dialogue's mean first), and the paired difference
+  between two recommenders that talked to the same personas (dialogue ids pair them).
+- **Realism**: user turns per dialogue, words per user turn and the intent mix (the common vocabulary
+  of data_prep.recllmsim) of the simulated users against RecLLMSim's LLM users (English) and real
+  people (Chinese). Lengths are compared within a language only: the simulated users' English words
+  against the LLM users' English; the people's Chinese characters are reported beside their LLM users'
+  Chinese translations (``content_zh``), never against English. Kolmogorov-Smirnov statistics for the
+  distributions, total variation distance for the intent mix.
+- **Controllability**: words per user turn by the persona's sentence-length setting (short personas
+  should write the shortest turns: the means are reported in order, with a chart), and the refinement
+  judgers' levels against the personas' levels before any rewrite.
+
+Writes OUT/results.json, OUT/table.md, OUT/lengths.png. Not yet here: replay against the people's
+questionnaires, consistency across backbones, profile-identification transfer (docs/converse.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from data_prep import recllmsim
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def interval(values: list[float]) -> list[float]:
+    from scipy.stats import bootstrap
+
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2 or np.ptp(values) == 0:
+        return [round(float(values.mean()), 3)] * 2 if len(values) else [None, None]
+    ci = bootstrap((values,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa", rng=0)
+    return [round(float(ci.confidence_interval.low), 3), round(float(ci.confidence_interval.high), 3)]
+
+
+KEYS = ("language_quality", "action_quality", "recommendation_quality")
+
+
+def ratings(turns: list[dict], crs_names: list[str]) -> dict:
+    """Per recommender and rating: mean over dialogues of the dialogue's mean, with its interval; and
+    paired differences between recommenders over the dialogues both rated."""
+    per: dict[str, dict[str, dict[int, float]]] = {}
+    for name in crs_names:
+        per[name] = {}
+        for key in KEYS:
+            by_dialogue: dict[int, list[float]] = {}
+            for t in turns:
+                if t["crs"] == name and t.get("rating") and t["rating"].get(key) is not None:
+                    by_dialogue.setdefault(t["dialogue"], []).append(t["rating"][key])
+            per[name][key] = {d: float(np.mean(v)) for d, v in by_dialogue.items()}
+    out = {"per_crs": {}, "paired": {}}
+    for name in crs_names:
+        out["per_crs"][name] = {
+            key: {
+                "mean": round(float(np.mean(list(v.values()))), 3) if v else None,
+                "ci95": interval(list(v.values())) if v else None,
+                "dialogues": len(v),
+            }
+            for key, v in per[name].items()
+        }
+    for i, a in enumerate(crs_names):
+        for b in crs_names[i + 1 :]:
+            for key in KEYS:
+                both = sorted(set(per[a][key]) & set(per[b][key]))
+                if both:
+                    diff = [per[a][key][d] - per[b][key][d] for d in both]
+                    out["paired"][f"{a} - {b}: {key}"] = {
+                        "mean": round(float(np.mean(diff)), 3),
+                        "ci95": interval(diff),
+                        "dialogues": len(both),
+                    }
+    return out
+
+
+def reference(root: Path) -> dict:
+    """RecLLMSim's figures: user turns per conversation, words (English) and characters (Chinese) per
+    user turn, and the intent mix, for the LLM users and the real people."""
+    loaded = recllmsim.load(root)
+    out = {}
+    for source in ("llm", "human"):
+        convs = [c for c in loaded.conversations if c.source == source]
+        users = [t for c in convs for t in c.turns if t.role == "user"]
+        row = {
+            "conversations": len(convs),
+            "user_turns": [sum(t.role == "user" for t in c.turns) for c in convs],
+            "intents": Counter(i for t in users for i in t.common_intents()),
+        }
+        if source == "llm":
+            row["words_en"] = [len(t.content.split()) for t in users]
+            row["chars_zh"] = [len(t.content_zh or "") for t in users if t.content_zh]
+        else:
+            row["chars_zh"] = [len(t.content) for t in users]
+        out[source] = row
+    return out
+
+
+def tv_distance(a: Counter, b: Counter) -> float:
+    keys = set(a) | set(b)
+    ta, tb = sum(a.values()) or 1, sum(b.values()) or 1
+    return 0.5 * sum(abs(a[k] / ta - b[k] / tb) for k in keys)
+
+
+def describe(values: list[float]) -> dict:
+    if not values:
+        return {}
+    return {"n": len(values), "mean": round(float(np.mean(values)), 2), "median": float(np.median(values))}
+
+
+def realism(turns: list[dict], dialogues: list[dict], ref: dict) -> dict:
+    from scipy.stats import ks_2samp
+
+    users = [t for t in turns if t.get("message")]
+    sim = {
+        "user_turns": [d["turns"] for d in dialogues],
+        "words_en": [len(t["message"].split()) for t in users],
+        "intents": Counter(t["intent"] for t in users),
+    }
+    out = {
+        "simulated": {
+            "user_turns": describe(sim["user_turns"]),
+            "words_per_user_turn_en": describe(sim["words_en"]),
+            "intents": dict(sim["intents"]),
+            "language": "en (the offline SmolLM2 writes English)",
+        },
+        "against": {},
+    }
+    for source, label in (("llm", "RecLLMSim LLM users"), ("human", "real people")):
+        r = ref[source]
+        row = {
+            "user_turns": describe(r["user_turns"]),
+            "ks_user_turns": round(float(ks_2samp(sim["user_turns"], r["user_turns"]).statistic), 3),
+            "intents": dict(r["intents"]),
+            "tv_intents": round(tv_distance(sim["intents"], r["intents"]), 3),
+            "chars_per_user_turn_zh": describe(r["chars_zh"]),
+        }
+        if "words_en" in r:
+            row["words_per_user_turn_en"] = describe(r["words_en"])
+            row["ks_words_en"] = round(float(ks_2samp(sim["words_en"], r["words_en"]).statistic), 3)
+        else:
+            row["words_per_user_turn_en"] = "not comparable: the people wrote Chinese"
+        out["against"][label] = row
+    return out
+
+
+def controllability(turns: list[dict], personas: dict[int, dict]) -> dict:
+    by_level: dict[str, list[int]] = {}
+    judged: dict[str, Counter] = {}
+    for t in turns:
+        if not t.get("message"):
+            continue
+        persona = personas[t["persona"]]
+        level = persona["language"].get("sentence_length")
+        if level:
+            by_level.setdefault(level, []).append(len(t["message"].split()))
+        for entry in t.get("refinements") or []:
+            if entry.get("judged") is not None:
+                judged.setdefault(entry["tool"], Counter())[f"{entry['target']}->{entry['judged']}"] += 1
+    return {
+        "words_by_sentence_length_setting": {k: describe(v) for k, v in sorted(by_level.items())},
+        "judged_levels_before_rewrite": {tool: dict(c) for tool, c in judged.items()},
+        "raw": by_level,
+    }
+
+
+def plot_lengths(control: dict, real_words: list[int], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = [k for k in ("short", "medium", "long") if k in control["raw"]]
+    data = [control["raw"][k] for k in order] + [real_words]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    ax.boxplot(data, showfliers=False)
+    ax.set_xticks(
+        range(1, len(data) + 1), labels=[f"simulated: {k}" for k in order] + ["RecLLMSim LLM users"]
+    )
+    ax.set_ylabel("words per user turn (English)")
+    ax.set_title("User-turn length by the persona's sentence-length setting")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def table(results: dict) -> str:
+    lines = ["| recommender | " + " | ".join(KEYS) + " |", "|---|" + "---|" * len(KEYS)]
+    for name, row in results["ratings"]["per_crs"].items():
+        cells = []
+        for key in KEYS:
+            r = row[key]
+            cells.append(
+                f"{r['mean']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] (n={r['dialogues']})"
+                if r["mean"] is not None
+                else ""
+            )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for name, r in results["ratings"]["paired"].items():
+        lines.append(
+            f"| paired {name} | {r['mean']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}] (n={r['dialogues']}) | | |"
+        )
+    lines.append("")
+    sim = results["realism"]["simulated"]
+    lines += [
+        "| users | user turns per dialogue (mean) | words per user turn, English (mean) | chars per user turn, Chinese (mean) | KS turns | KS words | TV intents |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines.append(
+        f"| simulated | {sim['user_turns'].get('mean')} | {sim['words_per_user_turn_en'].get('mean')} | not written | | | |"
+    )
+    for label, r in results["realism"]["against"].items():
+        words = r["words_per_user_turn_en"]
+        words = words.get("mean") if isinstance(words, dict) else "not comparable (Chinese)"
+        lines.append(
+            f"| {label} | {r['user_turns'].get('mean')} | {words} | {r['chars_per_user_turn_zh'].get('mean')} | "
+            f"{r['ks_user_turns']} | {r.get('ks_words_en', '')} | {r['tv_intents']} |"
+        )
+    lines.append("")
+    lines.append(
+        "Words per user turn by the persona's sentence-length setting: "
+        + ", ".join(
+            f"{k}: {v.get('mean')} (n={v.get('n')})"
+            for k, v in results["controllability"]["words_by_sentence_length_setting"].items()
+        )
+    )
+    return "\n".join(lines) + "\n"
+
+
+def evaluate(run: Path, data: Path, out: Path) -> dict:
+    turns = read_jsonl(run / "turns.jsonl")
+    dialogues = read_jsonl(run / "dialogues.jsonl")
+    summary = json.loads((run / "summary.json").read_text())
+    personas = {p["id"]: p for p in json.loads((run / "personas.json").read_text())["personas"]}
+    ref = reference(data)
+    control = controllability(turns, personas)
+    results = {
+        "run": str(run),
+        "ratings": ratings(turns, list(summary["crs"])),
+        "realism": realism(turns, dialogues, ref),
+        "controllability": {k: v for k, v in control.items() if k != "raw"},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
+    (out / "table.md").write_text(table(results))
+    plot_lengths(control, ref["llm"]["words_en"], out / "lengths.png")
+    print(table(results))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/raw/recllmsim"))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    evaluate(args.run, args.data, args.out or args.run / "eval")
+
+
+if __name__ == "__main__":
+    main()
