@@ -317,3 +317,18 @@ def test_the_evaluation_of_a_run_by_hand(raw, tmp_path):
     words = results["controllability"]["words_by_sentence_length_setting"]
     assert sum(v["n"] for v in words.values()) == 60  # 2 recommenders x 10 dialogues x 3 turns
     assert (tmp_path / "eval" / "lengths.png").stat().st_size > 0
+
+
+def test_every_shipped_converse_config_and_the_converse_recipe_load():
+    from data_prep.paths import REPO_ROOT
+    from train.sft import parse
+
+    configs = sorted((REPO_ROOT / "configs" / "converse").glob("*.yaml"))
+    assert len(configs) == 2
+    for path in configs:
+        config = load_config(path)
+        assert config.crs and config.llm.model
+    recipe, training_args, model_args = parse(
+        ["--config", str(REPO_ROOT / "configs/sft/smollm2_converse_cpu.yaml")]
+    )
+    assert recipe.pairs == "runs/pairs/recllmsim" and model_args.use_peft and training_args.use_cpu
