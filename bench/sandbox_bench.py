@@ -266,6 +266,7 @@ def cocoon(args) -> dict:
             "recommender.retrain_every=1",
             f"recommender.rec_random_k={inject}",
             "activity.pareto_xmin=1",  # every agent every round: the same people measured each round
+            f"recommender.train_on={args.train_on}",
             f"agents={args.agents}",
             *args.set,
         ]
@@ -290,7 +291,13 @@ def cocoon(args) -> dict:
             print(json.dumps({"inject": inject, **rounds[-1]}), flush=True)
         runs[inject] = rounds
     plot_cocoon(runs, args.out / "cocoon.png", args)
-    result = {"backend": args.backend, "agents": args.agents, "rounds": args.rounds, "runs": runs}
+    result = {
+        "backend": args.backend,
+        "agents": args.agents,
+        "rounds": args.rounds,
+        "train_on": args.train_on,
+        "runs": runs,
+    }
     (args.out / "cocoon.json").write_text(json.dumps(result, indent=1))
     print(f"-> {args.out}/cocoon.json, cocoon.png")
     return result
@@ -315,7 +322,11 @@ def plot_cocoon(runs: dict, path: Path, args) -> None:
         ax.set_xlabel("round")
     axes[0].set_ylabel("genre entropy (bits)")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"Exposure over rounds ({args.agents} agents, {args.backend} user)", fontsize=11)
+    history = "all users' ratings" if args.train_on == "all" else "the agents' own ratings"
+    fig.suptitle(
+        f"Exposure over rounds ({args.agents} agents, {args.backend} user; MF on {history} + clicks)",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -339,6 +350,12 @@ def main(argv: list[str] | None = None) -> None:
     cocoon_parser.add_argument("--agents", type=int, default=20)
     cocoon_parser.add_argument("--inject", type=int, default=2, help="random items per page, second run")
     cocoon_parser.add_argument("--backend", choices=["real", "scripted"], default="real")
+    cocoon_parser.add_argument(
+        "--train-on",
+        choices=["all", "agents"],
+        default="all",
+        help="the MF's real history: all users or the agents",
+    )
     for sub_parser in (speed, cocoon_parser):
         sub_parser.add_argument("--config", default="configs/sandbox/movielens.yaml")
         sub_parser.add_argument("--out", type=Path, default=Path("runs/bench/sandbox"))

@@ -205,3 +205,15 @@ def test_a_missing_data_folder_is_fetched_when_asked_and_an_error_otherwise(raw,
     server.shutdown()
     assert summary["rounds"] == 1 and summary["config"]["data"] == str(tmp_path / "fetched")
     assert (tmp_path / "fetched" / "ratings.csv").read_text().splitlines() == ratings
+
+
+def test_the_recommender_can_train_on_the_agents_own_history_only(raw, tmp_path):
+    from agents.sandbox.config import load_config
+    from agents.sandbox.run import build
+
+    settings = [f"data={raw / 'movielens_latest_small'}", *SETTINGS]
+    everyone = build(load_config(None, settings), tmp_path, Recording(), embed)
+    own = build(load_config(None, [*settings, "recommender.train_on=agents"]), tmp_path, Recording(), embed)
+    ids = {a.profile.id for a in own.agents.values()}
+    assert {u for u, _ in own.history} == ids
+    assert len(everyone.history) == 100836 and len(own.history) < len(everyone.history)

@@ -52,6 +52,9 @@ class RecommenderConfig:
     page_size: int = Field(5, ge=1)
     rec_random_k: int = Field(0, ge=0)  # random items injected into each page
     retrain_every: int = Field(1, ge=1)  # rounds between retrainings on the simulated clicks (mf)
+    # the real history it trains on: every user's ratings, or only the agents' own (the simulated clicks
+    # then weigh more: the feedback loop of the information-cocoon benchmark)
+    train_on: str = Field("all", pattern="^(all|agents)$")
     factors: int = Field(32, ge=1)
     iterations: int = Field(15, ge=1)
     regularization: float = Field(0.01, ge=0)

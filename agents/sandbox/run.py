@@ -98,7 +98,10 @@ def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool =
         from eval.backends import packaged_minilm
 
         embed = Retriever(packaged_minilm("cpu", 64)).embed
-    history = [(r.user, r.movie) for r in data.ratings]
+    agents = {p.id for p in profiles}
+    history = [
+        (r.user, r.movie) for r in data.ratings if config.recommender.train_on == "all" or r.user in agents
+    ]
     return World(config, profiles, data.movies, history, backend, embed, graph, rng, human)
 
 
