@@ -119,6 +119,24 @@ class Constraint:
             "additionalProperties": False,
         }
 
+    def parse(self, text: str) -> dict | None:
+        """A JSON answer as a dict when it is valid under this constraint's schema (types, ranges,
+        enums, lengths: jsonschema's validation), else None. Backends that enforce the schema make
+        this a formality; a server without structured outputs (or a fallback to plain parsing) does
+        not, and an invalid answer must become the caller's counted fallback, never a crash or a
+        string "None"."""
+        import jsonschema
+
+        try:
+            value = json.loads(text)
+        except (json.JSONDecodeError, TypeError):
+            return None
+        try:
+            jsonschema.validate(value, self.json_schema())
+        except jsonschema.ValidationError:
+            return None
+        return value
+
     def from_json(self, text: str) -> str:
         """A JSON answer written back as this constraint's text (unparsable JSON is returned as is)."""
         if self.kind == "json":
@@ -350,9 +368,9 @@ class VLLMBackend:
 def count_tokens(backend, counts: Counter) -> None:
     """Add the last call's prompt and answer tokens (where the backend reports them) to the counts."""
     for used in getattr(backend, "usage", None) or []:
-        if used is not None:
-            counts["prompt_tokens"] += used[0]
-            counts["answer_tokens"] += used[1]
+        if used is not None:  # a server may leave either number out
+            counts["prompt_tokens"] += used[0] or 0
+            counts["answer_tokens"] += used[1] or 0
 
 
 def usage(response) -> tuple[int, int] | None:

@@ -77,8 +77,8 @@ def make_examples(loaded, tokenizer, language: str, max_tokens: int) -> tuple[li
         dialogue: list[tuple[str, str]] = []
         for number, turn in enumerate(conversation.turns, start=1):
             text = text_of(turn, conversation, language)
-            if text is None:
-                counts["turns_without_translation"] += 1
+            if text is None:  # the rest of the conversation cannot be shown in this language
+                counts["turns_without_translation"] += len(conversation.turns) - number + 1
                 break
             if turn.role == "user":
                 completion = format_turn(turn.common_intents()[0], text)

@@ -131,10 +131,12 @@ def _turns(history: list) -> list[Turn]:
             intent = raw.get("intent")
             if isinstance(intent, str):
                 turn.intents = [intent]
-            elif isinstance(intent, list) and all(isinstance(i, str) for i in intent):
+            elif isinstance(intent, list) and intent and all(isinstance(i, str) for i in intent):
                 turn.intents = list(intent)
             else:
-                raise BadRecord(f"turn {number}: intent {intent!r} is neither a string nor a list of strings")
+                raise BadRecord(
+                    f"turn {number}: intent {intent!r} is neither a string nor a non-empty list of strings"
+                )
             unknown = [i for i in turn.intents if i not in INTENT_MAP]
             if unknown:
                 raise BadRecord(f"turn {number}: intent {unknown[0]!r} is not one of {sorted(INTENT_MAP)}")

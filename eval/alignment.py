@@ -58,21 +58,24 @@ def global_mean_before(data, cutoff: int) -> float:
     return float(np.mean(stars)) if stars else 3.0
 
 
-def predict_user_mean(cases, data, **_) -> list[list[float]]:
+def predict_user_mean(cases, data, counts=None, **_) -> list[list[float]]:
     out = []
     for case in cases:
         history = [s for _, s in case["history"]]
+        if not history and counts is not None:
+            counts["users_without_history"] += 1  # the global mean before the cutoff stands in
         mean = float(np.mean(history)) if history else global_mean_before(data, case["cutoff"])
         out.append([mean] * len(case["held"]))
     return out
 
 
-def predict_user_mean_whole(cases, data, **_) -> list[list[float]]:
+def predict_user_mean_whole(cases, data, counts=None, **_) -> list[list[float]]:
     # half up (not numpy's half to even): 3.5 -> 4; kept inside the agent's 1-5
-    return [[float(min(5, max(1, np.floor(p + 0.5)))) for p in row] for row in predict_user_mean(cases, data)]
+    means = predict_user_mean(cases, data, counts)
+    return [[float(min(5, max(1, np.floor(p + 0.5)))) for p in row] for row in means]
 
 
-def predict_mf(cases, data, config, **_) -> list[list[float]]:
+def predict_mf(cases, data, config, counts=None, **_) -> list[list[float]]:
     """surprise's SVD trained per user on every rating older than that user's cutoff, seeded."""
     import pandas as pd
     from surprise import SVD, Dataset, Reader
@@ -84,7 +87,10 @@ def predict_mf(cases, data, config, **_) -> list[list[float]]:
         train = Dataset.load_from_df(frame, Reader(rating_scale=(0.5, 5))).build_full_trainset()
         model = SVD(n_factors=config.recommender.factors, random_state=config.seed)
         model.fit(train)
-        out.append([float(model.predict(case["user"], movie).est) for movie, _ in case["held"]])
+        predictions = [model.predict(case["user"], movie) for movie, _ in case["held"]]
+        if counts is not None:  # an unknown user or movie: surprise gives its global mean, counted
+            counts["mf_impossible"] += sum(bool(p.details.get("was_impossible")) for p in predictions)
+        out.append([float(p.est) for p in predictions])
     return out
 
 
@@ -117,7 +123,7 @@ def predict_agent(cases, data, backend, rng, counts, history_titles: int = 20, *
     answers, chunk = [], 64  # asked in chunks, for the progress bar
     for start in tqdm(range(0, len(prompts), chunk), desc="agent ratings", unit="chunk"):
         answers += backend.generate(prompts[start : start + chunk], sampling, Constraint.choice(STARS))
-    fallback = predict_user_mean_whole(cases, data)
+    fallback = predict_user_mean_whole(cases, data)  # not counted here: the fallbacks are, below
     out, k = [], 0
     for case, backup in zip(cases, fallback, strict=True):
         row = []
@@ -147,7 +153,9 @@ def paired_interval(a: np.ndarray, b: np.ndarray) -> list[float]:
     from scipy.stats import bootstrap
 
     diff = a - b
-    if np.ptp(diff) == 0:
+    if len(diff) < 2:
+        return None  # no interval from one user
+    if np.ptp(diff) == 0:  # every user the same difference: the bootstrap distribution is that value
         return [round(float(diff.mean()), 4)] * 2
     ci = bootstrap((diff,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa", rng=0)
     return [round(float(ci.confidence_interval.low), 4), round(float(ci.confidence_interval.high), 4)]

@@ -8,13 +8,16 @@ simulated users compare with RecLLMSim's LLM users and real people.
   between two recommenders that talked to the same personas (dialogue ids pair them).
 - **Realism**: user turns per dialogue, words per user turn and the intent mix (the common vocabulary
   of data_prep.recllmsim) of the simulated users against RecLLMSim's LLM users (English) and real
-  people (Chinese). Lengths are compared within a language only: the simulated users' English words
+  people (Chinese); each turn counts each of its intents once (the people's turns may carry several,
+  the simulator's up to two actions; no simulator action maps to "plan", so its share of plan is 0 by
+  construction). Lengths are compared within a language only: the simulated users' English words
   against the LLM users' English; the people's Chinese characters are reported beside their LLM users'
   Chinese translations (``content_zh``), never against English. Kolmogorov-Smirnov statistics for the
   distributions, total variation distance for the intent mix.
-- **Controllability**: words per user turn by the persona's sentence-length setting (short personas
-  should write the shortest turns: the means are reported in order, with a chart), and the refinement
-  judgers' levels against the personas' levels before any rewrite.
+- **Controllability**: words per user turn as sent (after the refinement tools) by the persona's
+  sentence-length setting (short personas should write the shortest turns: the means are reported in
+  order, with a chart), and each tool's judged level against the persona's level (the tools run in
+  order, so a later tool judges the message as the earlier ones left it).
 
 Writes OUT/results.json, OUT/table.md, OUT/lengths.png. Not yet here: replay against the people's
 questionnaires, consistency across backbones, profile-identification transfer (docs/converse.md).
@@ -29,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agents.converse.simulator import ACTION_INTENT
 from data_prep import recllmsim
 
 
@@ -40,8 +44,10 @@ def interval(values: list[float]) -> list[float]:
     from scipy.stats import bootstrap
 
     values = np.asarray(values, dtype=float)
-    if len(values) < 2 or np.ptp(values) == 0:
-        return [round(float(values.mean()), 3)] * 2 if len(values) else [None, None]
+    if len(values) < 2:
+        return None  # no interval from one dialogue
+    if np.ptp(values) == 0:  # every dialogue the same: the bootstrap distribution is that value
+        return [round(float(values.mean()), 3)] * 2
     ci = bootstrap((values,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa", rng=0)
     return [round(float(ci.confidence_interval.low), 3), round(float(ci.confidence_interval.high), 3)]
 
@@ -126,7 +132,8 @@ def realism(turns: list[dict], dialogues: list[dict], ref: dict) -> dict:
     sim = {
         "user_turns": [d["turns"] for d in dialogues],
         "words_en": [len(t["message"].split()) for t in users],
-        "intents": Counter(t["intent"] for t in users),
+        # every intent of a turn once (its actions mapped), as the people's multi-label turns are counted
+        "intents": Counter(i for t in users for i in dict.fromkeys(ACTION_INTENT[a] for a in t["actions"])),
     }
     out = {
         "simulated": {
@@ -170,7 +177,7 @@ def controllability(turns: list[dict], personas: dict[int, dict]) -> dict:
                 judged.setdefault(entry["tool"], Counter())[f"{entry['target']}->{entry['judged']}"] += 1
     return {
         "words_by_sentence_length_setting": {k: describe(v) for k, v in sorted(by_level.items())},
-        "judged_levels_before_rewrite": {tool: dict(c) for tool, c in judged.items()},
+        "judged_levels_persona_to_judged": {tool: dict(c) for tool, c in judged.items()},
         "raw": by_level,
     }
 
@@ -201,16 +208,12 @@ def table(results: dict) -> str:
         cells = []
         for key in KEYS:
             r = row[key]
-            cells.append(
-                f"{r['mean']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] (n={r['dialogues']})"
-                if r["mean"] is not None
-                else ""
-            )
+            ci = f" [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]" if r["ci95"] else ""
+            cells.append(f"{r['mean']:.2f}{ci} (n={r['dialogues']})" if r["mean"] is not None else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for name, r in results["ratings"]["paired"].items():
-        lines.append(
-            f"| paired {name} | {r['mean']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}] (n={r['dialogues']}) | | |"
-        )
+        ci = f" [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r["ci95"] else ""
+        lines.append(f"| paired {name} | {r['mean']:+.2f}{ci} (n={r['dialogues']}) | | |")
     lines.append("")
     sim = results["realism"]["simulated"]
     lines += [

@@ -78,6 +78,20 @@ def test_template_slots_are_drawn_once_and_mapped():
         )
 
 
+def test_overlapping_conflicts_are_settled_one_at_a_time():
+    # Vegan-Seafood first: the LLM keeps Vegan (option 0); Vegan-Grilling then: keeps Vegan again; the
+    # persona keeps Vegan and Baking, and every resolution names a preference it really had
+    one = [persona(preferences=["Vegan", "Seafood", "Grilling", "Baking"])]
+    pairs = [["Vegan", "Seafood"], ["Vegan", "Grilling"]]
+    counts = profiles.resolve_conflicts(one, pairs, Scripted(keep=0), np.random.default_rng(0))
+    assert one[0].preferences == ["Vegan", "Baking"] and counts == {"conflicts": 2}
+    assert [r["dropped"] for r in one[0].resolutions] == ["Seafood", "Grilling"]
+    # keeping Seafood settles both: Vegan is gone, so Vegan-Grilling is no conflict any more
+    two = [persona(preferences=["Vegan", "Seafood", "Grilling"])]
+    counts = profiles.resolve_conflicts(two, pairs, Scripted(keep=1), np.random.default_rng(0))
+    assert two[0].preferences == ["Seafood", "Grilling"] and counts == {"conflicts": 1}
+
+
 def test_conflicts_are_resolved_by_the_llm_and_logged():
     keeps_second = [persona(preferences=["Vegan", "Seafood", "Baking"])]
     counts = profiles.resolve_conflicts(
@@ -290,6 +304,16 @@ def test_a_run_talks_to_both_recommenders_resumes_and_refuses_other_inputs(raw, 
     assert lines(stopped / "dialogues.jsonl") == lines(straight / "dialogues.jsonl")
     assert lines(stopped / "turns.jsonl") == lines(straight / "turns.jsonl")
     assert resumed["counts"] == summary["counts"]
+    # a kill while the second chunk's lines were being written: one whole line, then half of one
+    cut = tmp_path / "cut"
+    run(args(raw, cut), Scripted(), Scripted())
+    kept = lines(cut / "dialogues.jsonl")
+    (cut / "dialogues.jsonl").write_text("\n".join(kept[:9]) + "\n" + kept[9][:40])
+    again = run(args(raw, cut), Scripted(), Scripted())
+    assert lines(cut / "dialogues.jsonl") == lines(straight / "dialogues.jsonl")
+    assert (
+        lines(cut / "turns.jsonl") == lines(straight / "turns.jsonl") and again["counts"] == summary["counts"]
+    )
     with pytest.raises(SystemExit, match="max_turns"):
         run(args(raw, stopped, "max_turns=4"), Scripted(), Scripted())
 
@@ -332,3 +356,48 @@ def test_every_shipped_converse_config_and_the_converse_recipe_load():
         ["--config", str(REPO_ROOT / "configs/sft/smollm2_converse_cpu.yaml")]
     )
     assert recipe.pairs == "runs/pairs/recllmsim" and model_args.use_peft and training_args.use_cpu
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"language_quality": "good"}, {"fit": None}, {"recommended": "false"}, {"action_quality": 9}],
+)
+def test_a_rating_of_the_wrong_type_or_range_is_a_counted_fallback(change):
+    bad = {"rationale": "r", "language_quality": 4, "action_quality": 4, "recommended": True,
+           "recommendation_quality": 4, "new_preference": "", "fit": 3, **change}  # fmt: skip
+    simulator = UserSimulator(config(), Scripted(rating=bad), np.random.default_rng(0))
+    log = simulator.step([User(persona())], [Reply()])[0]
+    assert log["rating"] is None and simulator.counts["fallback:rating"] == 1
+
+
+def test_a_null_message_is_a_counted_fallback_not_the_text_none():
+    class NullMessage(Scripted):
+        def answer(self, conversation, constraint):
+            if constraint is not None and constraint.kind == "json" and '"message"' in constraint.schema:
+                return json.dumps({"message": None})
+            return super().answer(conversation, constraint)
+
+    simulator = UserSimulator(config("refinement.enabled=false"), NullMessage(), np.random.default_rng(0))
+    log = simulator.step([User(persona())], [None])[0]
+    assert log["message"] == "Could you suggest something?" and simulator.counts["fallback:response"] == 1
+
+
+def test_a_blank_or_partial_dislike_does_not_block_the_catalogue(raw):
+    class Blank(Scripted):
+        def answer(self, conversation, constraint):
+            if constraint is not None and constraint.kind == "json" and '"dislikes"' in constraint.schema:
+                return json.dumps({"likes": ["noodles"], "dislikes": ["", "tea"]})
+            return super().answer(conversation, constraint)
+
+    catalogue = load_restaurants(raw / "yelp_asc_sample" / "item_subset.json")
+    session = Session()
+    reply = AgentCRS(Blank(plan="recommend"), catalogue).respond([session], ["no tea please"])[0]
+    assert session.dislikes == ["tea"] and reply.recommended and not reply.nothing_found
+    place = {r.id: r for r in catalogue}[reply.recommended[0]]
+    assert "tea" not in place.text().lower().replace("steak", "")  # whole words: "steak" is not "tea"
+
+
+def test_recommenders_must_fit_the_setting():
+    with pytest.raises(ConfigError, match="crs"):
+        config("setting=recllmsim")  # the default [base, agent] need the Yelp catalogue
+    assert config("setting=recllmsim", "crs=[assistant]").crs == ["assistant"]

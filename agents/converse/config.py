@@ -135,6 +135,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> ConverseC
             raise ConfigError(
                 f"{path or 'config'}: refinement tool {tool.name!r}: an llm judger needs a question"
             )
+    allowed = {"yelp": {"base", "agent", "assistant"}, "recllmsim": {"assistant"}}[config.setting]
+    wrong = [name for name in config.crs if name not in allowed]
+    if wrong or not config.crs:
+        raise ConfigError(
+            f"{path or 'config'}: crs: {wrong or 'none'} for setting {config.setting!r} (one of {sorted(allowed)})"
+        )
     for pair in config.conflicts:
         if len(pair) != 2:
             raise ConfigError(f"{path or 'config'}: conflicts: {pair!r} is not a pair")

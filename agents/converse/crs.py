@@ -19,6 +19,7 @@ recommended (catalogue ids), so the simulator knows when to rate the recommendat
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from agents.llm import Constraint, Sampling
@@ -81,6 +82,13 @@ class Reply:
     recommended: list[str] | None  # catalogue ids recommended in this reply; None: not known (Assistant)
     plan: str = ""  # AgentCRS: ask | recommend | answer
     fallback: bool = False  # the LLM's answer was unusable; a fixed reply was given (counted)
+    nothing_found: bool = False  # AgentCRS planned to recommend, but no place was left to recommend (counted)
+
+
+def disliked(phrase: str, restaurant: Restaurant) -> bool:
+    """A disliked phrase matches a place when all its words are whole words of the place's text."""
+    words = set(re.findall(r"\w+", restaurant.text().lower()))
+    return all(w in words for w in re.findall(r"\w+", phrase.lower()))
 
 
 class CRS:
@@ -111,17 +119,11 @@ class CRS:
         return [self.catalogue[k] for k in top_indices(scores, n) if scores[k] > -1e9]
 
     def ask(self, prompts: list[str], constraint: Constraint) -> list[dict | None]:
+        """Batched; each answer valid under the constraint's schema, or None."""
         answers = self.backend.generate(
             [[{"role": "user", "content": p}] for p in prompts], self.sampling, constraint
         )
-        out = []
-        for answer in answers:
-            try:
-                value = json.loads(answer)
-            except json.JSONDecodeError:
-                value = None
-            out.append(value if isinstance(value, dict) else None)
-        return out
+        return [constraint.parse(answer) for answer in answers]
 
 
 REPLY = Constraint.json_object(
@@ -154,15 +156,11 @@ class BaseCRS(CRS):
             )
         replies = []
         for session, candidates, value in zip(sessions, shown, self.ask(prompts, REPLY), strict=True):
-            if value is None or not str(value.get("reply", "")).strip():
+            if value is None or not value["reply"].strip():
                 reply = Reply(FALLBACK, [], fallback=True)
-            else:
-                numbers = [
-                    n
-                    for n in value.get("recommend") or []
-                    if isinstance(n, int) and 1 <= n <= len(candidates)
-                ]
-                reply = Reply(str(value["reply"]), [candidates[n - 1].id for n in dict.fromkeys(numbers)])
+            else:  # 0 means "none yet" (the schema allows 0 to the number of places shown)
+                numbers = [n for n in value["recommend"] if 1 <= n <= len(candidates)]
+                reply = Reply(value["reply"], [candidates[n - 1].id for n in dict.fromkeys(numbers)])
             session.dialogue.append(("assistant", reply.text))
             session.recommended += reply.recommended
             replies.append(reply)
@@ -192,13 +190,11 @@ class AgentCRS(CRS):
             PREFERENCES,
         )
         for session, value in zip(sessions, stated, strict=True):
-            if value:
-                session.likes = list(dict.fromkeys([*session.likes, *map(str, value.get("likes") or [])]))[
-                    -6:
-                ]
-                session.dislikes = list(
-                    dict.fromkeys([*session.dislikes, *map(str, value.get("dislikes") or [])])
-                )[-6:]
+            if value:  # phrases of at least 3 characters (an empty dislike would match every place)
+                likes = [p.strip() for p in value["likes"] if len(p.strip()) >= 3]
+                dislikes = [p.strip() for p in value["dislikes"] if len(p.strip()) >= 3]
+                session.likes = list(dict.fromkeys([*session.likes, *likes]))[-6:]
+                session.dislikes = list(dict.fromkeys([*session.dislikes, *dislikes]))[-6:]
         # 2. plan: ask, recommend or answer
         plans = self.backend.generate(
             [
@@ -230,9 +226,7 @@ class AgentCRS(CRS):
             if plan == "recommend":
                 query = " ".join(session.likes) or " ".join(t for r, t in session.dialogue if r == "user")
                 avoid = set(session.recommended) | {
-                    r.id
-                    for r in self.catalogue
-                    if any(d.lower() in r.text().lower() for d in session.dislikes)
+                    r.id for r in self.catalogue if any(disliked(d, r) for d in session.dislikes)
                 }
                 found = self.matches(query, avoid, 1)
                 pick = found[0] if found else None
@@ -249,11 +243,13 @@ class AgentCRS(CRS):
             prompts.append(f"You are a restaurant recommender.\n{self.transcript(session)}\n{instruction}")
         replies = []
         for session, plan, pick, value in zip(sessions, plans, picks, self.ask(prompts, SAY), strict=True):
-            if value is None or not str(value.get("reply", "")).strip():
+            if value is None or not value["reply"].strip():
                 reply = Reply(FALLBACK, [], plan=plan, fallback=True)
             else:
                 recommended = [pick.id] if plan == "recommend" and pick else []
-                reply = Reply(str(value["reply"]), recommended, plan=plan)
+                reply = Reply(
+                    value["reply"], recommended, plan=plan, nothing_found=plan == "recommend" and not pick
+                )
             session.dialogue.append(("assistant", reply.text))
             session.recommended += reply.recommended
             replies.append(reply)

@@ -212,41 +212,44 @@ def conflicts_of(persona: Persona, pairs: list[list[str]]) -> list[tuple[str, st
 
 
 def resolve_conflicts(personas: list[Persona], pairs: list[list[str]], backend, rng) -> dict:
-    """Every conflicting pair of every persona resolved in one batched call: the LLM picks the
-    preference this persona keeps. Logged on the persona; returns counts."""
+    """Every conflicting pair resolved by the LLM, which picks the preference the persona keeps. A
+    persona's conflicts are settled one at a time (a pair whose side is already gone is no conflict
+    any more); each round asks every persona's next conflict, batched by pair. Logged on the persona;
+    returns counts (an unusable answer keeps the pair's first preference)."""
     from agents.llm import Constraint, Sampling
 
-    asks = [(p, pair) for p in personas for pair in conflicts_of(p, pairs)]
-    counts = Counter(conflicts=len(asks))
-    if not asks:
-        return dict(counts)
-    conversations = [
-        [
-            {
-                "role": "user",
-                "content": f"{p.describe()}\nThese two preferences contradict each other: {a} and {b}. "
-                f"Which one do you really hold? Answer with one of: {a}; {b}",
-            }
-        ]
-        for p, (a, b) in asks
-    ]
+    counts: Counter = Counter(conflicts=0)
     sampling = Sampling(16, 0.0, 1.0, int(rng.integers(2**31 - 1)))
-    # one constraint per distinct pair: batched by pair
-    answers: dict[int, str] = {}
-    for pair in dict.fromkeys(tuple(pair) for _, pair in asks):
-        index = [k for k, (_, other) in enumerate(asks) if tuple(other) == pair]
-        out = backend.generate([conversations[k] for k in index], sampling, Constraint.choice(list(pair)))
-        answers.update(zip(index, out, strict=True))
-    for k, (persona, (a, b)) in enumerate(asks):
-        answer = answers[k].strip()
-        kept = answer if answer in (a, b) else a
-        if answer not in (a, b):
-            counts["unusable_answers"] += 1
-        dropped = b if kept == a else a
-        if dropped in persona.preferences:
-            persona.preferences.remove(dropped)
-        persona.resolutions.append({"conflict": [a, b], "kept": kept, "dropped": dropped, "answer": answer})
-    return dict(counts)
+    while True:
+        asks = [(p, conflicts_of(p, pairs)[0]) for p in personas if conflicts_of(p, pairs)]
+        if not asks:
+            return dict(counts)
+        counts["conflicts"] += len(asks)
+        for pair in dict.fromkeys(pair for _, pair in asks):  # one batch per distinct pair
+            mine = [p for p, other in asks if other == pair]
+            a, b = pair
+            conversations = [
+                [
+                    {
+                        "role": "user",
+                        "content": f"{p.describe()}\nThese two preferences contradict each other: {a} and {b}. "
+                        f"Which one do you really hold? Answer with one of: {a}; {b}",
+                    }
+                ]
+                for p in mine
+            ]
+            for persona, answer in zip(
+                mine, backend.generate(conversations, sampling, Constraint.choice([a, b])), strict=True
+            ):
+                answer = answer.strip()
+                if answer not in (a, b):
+                    counts["unusable_answers"] += 1
+                kept = answer if answer in (a, b) else a
+                dropped = b if kept == a else a
+                persona.preferences.remove(dropped)
+                persona.resolutions.append(
+                    {"conflict": [a, b], "kept": kept, "dropped": dropped, "answer": answer}
+                )
 
 
 def load_sources(root):

@@ -72,30 +72,29 @@ def personas_for(config, out: Path, backend) -> tuple[list[Persona], dict]:
     return personas, report
 
 
-def finished(path: Path) -> set[tuple[str, int]]:
-    done = set()
+def valid_lines(path: Path) -> list[tuple[str, dict]]:
+    """The file's whole JSON lines (a line cut by a kill is not one)."""
+    out = []
     if path.exists():
         for line in path.read_text().splitlines():
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a kill: its chunk is redone
-                continue
-            done.add((row["crs"], row["dialogue"]))
-    return done
-
-
-def drop_unfinished(path: Path, done: set[tuple[str, int]]) -> None:
-    """Keep only the lines of finished dialogues (a kill between the two files' writes)."""
-    if path.exists():
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
+                out.append((line, json.loads(line)))
             except json.JSONDecodeError:
                 continue
-            if (row["crs"], row["dialogue"]) in done:
-                kept.append(line)
-        path.write_text("".join(line + "\n" for line in kept))
+    return out
+
+
+def tidy(out: Path, chunks: list[tuple[int, str, list[int]]]) -> set[tuple[str, int]]:
+    """The dialogues of whole chunks, after a kill: dialogues.jsonl and turns.jsonl are rewritten with
+    only the lines of chunks whose every dialogue was written (a cut line, or a chunk written in part,
+    is dropped and redone). Returns the finished (crs, dialogue) pairs."""
+    written = {(row["crs"], row["dialogue"]): line for line, row in valid_lines(out / "dialogues.jsonl")}
+    whole = [(name, ids) for _, name, ids in chunks if all((name, i) in written for i in ids)]
+    done = {(name, i) for name, ids in whole for i in ids}
+    (out / "dialogues.jsonl").write_text("".join(line + "\n" for key, line in written.items() if key in done))
+    turns = [line for line, row in valid_lines(out / "turns.jsonl") if (row["crs"], row["dialogue"]) in done]
+    (out / "turns.jsonl").write_text("".join(line + "\n" for line in turns))
+    return done
 
 
 def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, crs) -> tuple[list, list]:
@@ -142,7 +141,7 @@ def summarise(out: Path, config, report: dict) -> dict:
     counts = Counter()
     for dialogue in dialogues:
         counts.update(dialogue.get("chunk_counts", {}))
-    turns = [json.loads(line) for line in (out / "turns.jsonl").read_text().splitlines() if line.strip()]
+    turns = [row for _, row in valid_lines(out / "turns.jsonl")]
     per_crs = {}
     for name in config.crs:
         mine = [t for t in turns if t["crs"] == name and t.get("rating")]
@@ -198,13 +197,12 @@ def run(args, backend=None, crs_backend=None) -> dict:
             )
         personas, report = personas_for(config, out, backend)
         catalogue = load_restaurants(config.catalogue) if config.setting == "yelp" else []
-        done = finished(out / "dialogues.jsonl")
-        drop_unfinished(out / "turns.jsonl", done)
         chunks = [
             (c, name, list(range(start, min(start + CHUNK, len(personas)))))
             for c, name in enumerate(config.crs)
             for start in range(0, len(personas), CHUNK)
         ]
+        done = tidy(out, chunks)
         todo = [chunk for chunk in chunks if any((chunk[1], i) not in done for i in chunk[2])]
         if done:
             print(f"resuming: {len(done)} dialogues done, {len(todo)} chunks to go")

@@ -28,7 +28,6 @@ simulator's ratings are checked against people's).
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -101,12 +100,12 @@ def words_per_sentence(text: str) -> float:
     return len(text.split()) / max(len(sentences), 1)
 
 
-def parse(answer: str) -> dict | None:
-    try:
-        value = json.loads(answer)
-    except (json.JSONDecodeError, TypeError):
-        return None
-    return value if isinstance(value, dict) else None
+def known_preferences(persona) -> set[str]:
+    """What the persona already likes (its preferences and those it adopted), lower case; empty in
+    replay (no persona)."""
+    if persona is None:
+        return set()
+    return {p.lower() for p in persona.preferences} | {a["preference"].lower() for a in persona.adopted}
 
 
 @dataclass
@@ -163,26 +162,26 @@ class UserSimulator:
         ]
         out = []
         for item, answer in zip(items, self.generate(prompts, RATING, "rating", 200), strict=True):
-            value = parse(answer)
-            if value is None or not all(k in value for k in json.loads(RATING.schema)["properties"]):
+            value = RATING.parse(answer)  # every field present, of its type and in its range, or None
+            if value is None:
                 self.counts["fallback:rating"] += 1
                 out.append(None)
                 continue
-            recommended = (
-                item["recommended"] if item["recommended"] is not None else bool(value["recommended"])
-            )
+            recommended = item["recommended"] if item["recommended"] is not None else value["recommended"]
+            new = value["new_preference"].strip()
             rating = {
-                "rationale": str(value["rationale"]),
-                "language_quality": int(value["language_quality"]),
-                "action_quality": int(value["action_quality"]),
+                "rationale": value["rationale"],
+                "language_quality": value["language_quality"],
+                "action_quality": value["action_quality"],
                 "recommended": recommended,
                 "recommendation_quality": None,
-                "new_preference": str(value.get("new_preference") or "").strip(),
-                "fit": int(value["fit"]),
+                "new_preference": new,
+                "fit": value["fit"],
             }
             if recommended:
-                objective = int(value["recommendation_quality"])
-                modifier = self.modifier(item["persona"], bool(rating["new_preference"]))
+                objective = value["recommendation_quality"]
+                novel = bool(new) and new.lower() not in known_preferences(item["persona"])
+                modifier = self.modifier(item["persona"], novel)
                 raw = objective + modifier
                 final = min(5.0, max(1.0, raw))
                 self.counts["recommendation_quality_bounded"] += final != raw
@@ -274,12 +273,12 @@ class UserSimulator:
             )
         messages = []
         for answer in self.generate(prompts, MESSAGE, "response", 120):
-            value = parse(answer)
-            if value is None or not str(value.get("message", "")).strip():
+            value = MESSAGE.parse(answer)
+            if value is None or not value["message"].strip():
                 self.counts["fallback:response"] += 1
                 messages.append(FALLBACK_MESSAGE)
             else:
-                messages.append(str(value["message"]).strip())
+                messages.append(value["message"].strip())
         for log in logs:
             log["intent"] = ACTION_INTENT[log["actions"][0]]
         messages = self.refine(users, messages, logs)
@@ -293,14 +292,12 @@ class UserSimulator:
         for constraint in dict.fromkeys(constraints):  # one batch per constraint (first turns differ)
             index = [k for k, c in enumerate(constraints) if c == constraint]
             answers = self.generate([prompts[k] for k in index], constraint, "action", 40)
-            allowed = json.loads(constraint.schema)["properties"]["actions"]["items"]["enum"]
             for k, answer in zip(index, answers, strict=True):
-                value = parse(answer)
-                chosen = value.get("actions") if value else None
-                if not isinstance(chosen, list) or not chosen or not all(a in allowed for a in chosen):
+                value = constraint.parse(answer)
+                if value is None:
                     self.counts["fallback:action"] += 1
-                    chosen = ["request_recommendation"]
-                out[k] = list(dict.fromkeys(chosen))
+                    value = {"actions": ["request_recommendation"]}
+                out[k] = list(dict.fromkeys(value["actions"]))
         return out
 
     def excite(self, user: User, rating: dict, log: dict) -> None:
@@ -345,11 +342,11 @@ class UserSimulator:
             rewritten = self.generate(prompts, MESSAGE, f"refine:{tool.name}", 120)
             done = {}
             for (i, level, target), answer in zip(redo, rewritten, strict=True):
-                value = parse(answer)
-                if value is None or not str(value.get("message", "")).strip():
+                value = MESSAGE.parse(answer)
+                if value is None or not value["message"].strip():
                     self.counts["fallback:refine"] += 1
                     continue
-                done[i] = (level, target, str(value["message"]).strip())
+                done[i] = (level, target, value["message"].strip())
             for i, level in zip(open_, judged, strict=True):
                 entry = {
                     "tool": tool.name,

@@ -278,7 +278,7 @@ class Memory:
     def load_json(self, state: dict) -> None:
         self.short = [Record(**r) for r in state["short"]]
         self.long = [Record(**r) for r in state["long"]]
-        self.due = [Record(**r) for r in state["due"]]
+        self.due = [Record(**r) for r in state.get("due", [])]  # checkpoints before due records had none
         self.counts = Counter(state["counts"])
 
 

@@ -205,8 +205,6 @@ def written_by_llm(
     with a JSON schema (features among the five, an age in [16, 90]). An unusable answer leaves its
     profile as it was; a name the LLM gives twice gets the profile's id appended. Both are counted in
     the returned report, with what was written to each profile."""
-    import json
-
     from agents.llm import Constraint, Sampling
 
     schema = Constraint.json_object(
@@ -240,19 +238,8 @@ def written_by_llm(
     report = {"fallbacks": 0, "renamed": 0, "written": {}}
     out, names = [], {p.name for p in profiles if not placeholder_name(p)}
     for profile, answer in zip(profiles, answers, strict=True):
-        try:
-            value = json.loads(answer)
-        except json.JSONDecodeError:
-            value = None
-        ok = (
-            isinstance(value, dict)
-            and set(json.loads(schema.schema)["properties"]) <= set(value)
-            and isinstance(value["age"], int)
-            and 16 <= value["age"] <= 90
-            and bool(str(value["name"]).strip())
-            and isinstance(value["interests"], list)
-            and isinstance(value["features"], list)
-        )
+        value = schema.parse(answer)  # every field present, of its type, in its range; or None
+        ok = value is not None and bool(value["name"].strip())
         if not ok:
             report["fallbacks"] += 1
             report["written"][profile.id] = {"unusable_answer": answer}
@@ -260,20 +247,24 @@ def written_by_llm(
             continue
         written = {}
         if placeholder_name(profile) or not profile.name:
-            name = str(value["name"]).strip()
+            name = value["name"].strip()
             if name in names:
                 name, report["renamed"] = f"{name} ({profile.id})", report["renamed"] + 1
             names.add(name)
             written["name"] = name
         for key in ("gender", "traits", "career"):
-            if not getattr(profile, key):
-                written[key] = str(value[key]).strip()
+            if not getattr(profile, key) and value[key].strip():
+                written[key] = value[key].strip()
         if profile.age is None:
             written["age"] = value["age"]
         if not profile.interests:
-            written["interests"] = [str(i).strip() for i in value["interests"] if str(i).strip()]
+            interests = [i.strip() for i in value["interests"] if i.strip()]
+            if interests:
+                written["interests"] = interests
+            else:  # only blank interests: the profile keeps none, counted
+                report["blank_interests"] = report.get("blank_interests", 0) + 1
         if not profile.features:
-            written["features"] = [f for f in dict.fromkeys(value["features"]) if f in FEATURES]
+            written["features"] = list(dict.fromkeys(value["features"]))  # the schema allows only the five
         report["written"][profile.id] = written
         out.append(replace(profile, **written, source=f"{profile.source}+llm" if written else profile.source))
     check_unique(out, [f"profile {p.id}" for p in out])

@@ -137,10 +137,13 @@ def run(args, backend=None, embed=None) -> dict:
     if not Path(config.data).exists():
         if not getattr(args, "fetch_missing", False):
             raise SystemExit(f"error: {config.data} not found (--fetch-missing downloads ml-latest-small)")
-        print(
-            f"{config.data} not found: fetching MovieLens ml-latest-small from {movielens.URL} into {FETCHED}"
-        )
-        movielens.fetch(FETCHED, movielens.URL)
+        if (FETCHED / "ratings.csv").exists():  # fetched by an earlier run: no network needed
+            print(f"{config.data} not found: using the copy fetched earlier, {FETCHED}")
+        else:
+            print(
+                f"{config.data} not found: fetching MovieLens ml-latest-small from {movielens.URL} into {FETCHED}"
+            )
+            movielens.fetch(FETCHED, movielens.URL)
         config = load_config(args.config, [*overrides, f"data={FETCHED}"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,12 +167,12 @@ def run(args, backend=None, embed=None) -> dict:
         write_json(out / "config.json", as_dict(config))  # what interviews rebuild the world from
         human = HumanPlayer(args.human) if args.human else None
         world = build(config, out, backend, embed, human, fresh=not checkpoint.exists())
-        if args.human and args.human not in world.agents:
-            names = ", ".join(list(world.agents)[:10])
-            raise SystemExit(f"error: --human {args.human!r} is not an agent of this run ({names} ...)")
         if checkpoint.exists():
             world.restore(json.loads(checkpoint.read_text()))
             print(f"resuming after round {world.round}")
+        if args.human and args.human not in world.agents:
+            names = ", ".join(list(world.agents)[:10])
+            raise SystemExit(f"error: --human {args.human!r} is not an agent of this run ({names} ...)")
         for name in ("interactions.jsonl", "stats.jsonl"):
             keep_rounds(out / name, world.round)
         try:
