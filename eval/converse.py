@@ -19,14 +19,20 @@ simulated users compare with RecLLMSim's LLM users and real people.
   order, with a chart), and each tool's judged level against the persona's level (the tools run in
   order, so a later tool judges the message as the earlier ones left it).
 
+- **Profile identification transfer**: a gender classifier (TF-IDF + logistic regression) trained on
+  the simulated users' turns and scored on RecLLMSim's LLM users (English), beside the reference
+  figure (trained on the LLM users' Chinese translations, scored on the real people), each with the
+  majority-class accuracy.
+
 Writes OUT/results.json, OUT/table.md, OUT/lengths.png. Not yet here: replay against the people's
-questionnaires, consistency across backbones, profile-identification transfer (docs/converse.md).
+questionnaires and consistency across backbones (docs/converse.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -231,6 +237,12 @@ def table(results: dict) -> str:
             f"{r['ks_user_turns']} | {r.get('ks_words_en', '')} | {r['tv_intents']} |"
         )
     lines.append("")
+    for name, r in results["identification"].items():
+        if isinstance(r, dict) and "accuracy" in r:
+            lines.append(
+                f"Gender identification, {name}: accuracy {r['accuracy']} (majority {r['majority_accuracy']}), "
+                f"macro-F1 {r['macro_f1']}, {r['train']} train / {r['test']} test dialogues"
+            )
     lines.append(
         "Words per user turn by the persona's sentence-length setting: "
         + ", ".join(
@@ -239,6 +251,71 @@ def table(results: dict) -> str:
         )
     )
     return "\n".join(lines) + "\n"
+
+
+def gender_of(conversation) -> str | None:
+    """The gender of a RecLLMSim persona: the people's profile field, or the LLM users' written
+    preference ("1. Gender: Male ...")."""
+    if isinstance(conversation.profile, dict):
+        return str(conversation.profile.get("gender") or "").capitalize() or None
+    match = re.search(r"Gender:\s*(\w+)", conversation.profile)
+    return match.group(1).capitalize() if match else None
+
+
+def transfer(train_texts, train_labels, test_texts, test_labels, analyzer: str) -> dict:
+    """TF-IDF + logistic regression trained on one source's user turns, scored on another's, against
+    the majority class of the training labels."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import accuracy_score, f1_score
+
+    if len(set(train_labels)) < 2 or not test_texts:
+        return {"train": len(train_texts), "test": len(test_texts), "note": "needs two classes to train on"}
+    ngrams = (1, 2) if analyzer == "word" else (1, 3)
+    vectoriser = TfidfVectorizer(analyzer=analyzer, ngram_range=ngrams, min_df=1, sublinear_tf=True)
+    model = LogisticRegression(max_iter=2000, class_weight="balanced").fit(
+        vectoriser.fit_transform(train_texts), train_labels
+    )
+    predicted = model.predict(vectoriser.transform(test_texts))
+    majority = Counter(train_labels).most_common(1)[0][0]
+    return {
+        "train": len(train_texts),
+        "test": len(test_texts),
+        "accuracy": round(float(accuracy_score(test_labels, predicted)), 3),
+        "macro_f1": round(float(f1_score(test_labels, predicted, average="macro")), 3),
+        "majority_accuracy": round(float(np.mean([label == majority for label in test_labels])), 3),
+    }
+
+
+def identification(dialogues: list[dict], personas: dict[int, dict], data: Path) -> dict:
+    """Profile-identification transfer (the RecLLMSim follow-up's test) on gender, the attribute every
+    source has: trained on the simulated users' turns, scored on RecLLMSim's LLM users (English, the
+    language the offline backbone writes); the reference figure trains on the LLM users' Chinese
+    translations and scores on the real people (character n-grams)."""
+    loaded = recllmsim.load(data)
+    llm = [c for c in loaded.conversations if c.source == "llm" and gender_of(c)]
+    people = [c for c in loaded.conversations if c.source == "human" and gender_of(c)]
+
+    def user_text(conversation, zh: bool) -> str:
+        return " ".join(
+            (t.content_zh or "") if zh else t.content for t in conversation.turns if t.role == "user"
+        )
+
+    sim_texts = [" ".join(t for r, t in d["transcript"] if r == "user") for d in dialogues]
+    sim_labels = [personas[d["persona"]]["gender"].capitalize() for d in dialogues]
+    return {
+        "attribute": "gender",
+        "simulated -> RecLLMSim LLM users (English)": transfer(
+            sim_texts, sim_labels, [user_text(c, False) for c in llm], [gender_of(c) for c in llm], "word"
+        ),
+        "reference: RecLLMSim LLM users (Chinese) -> real people": transfer(
+            [user_text(c, True) for c in llm],
+            [gender_of(c) for c in llm],
+            [user_text(c, False) for c in people],
+            [gender_of(c) for c in people],
+            "char",
+        ),  # fmt: skip
+    }
 
 
 def evaluate(run: Path, data: Path, out: Path) -> dict:
@@ -253,6 +330,7 @@ def evaluate(run: Path, data: Path, out: Path) -> dict:
         "ratings": ratings(turns, list(summary["crs"])),
         "realism": realism(turns, dialogues, ref),
         "controllability": {k: v for k, v in control.items() if k != "raw"},
+        "identification": identification(dialogues, personas, data),
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
