@@ -318,6 +318,106 @@ def identification(dialogues: list[dict], personas: dict[int, dict], data: Path)
     }
 
 
+# the people's questionnaire answers on ordinal scales (higher is better); Memorization asks whether
+# the assistant forgot something, so "yes" is the worse answer
+QUESTIONNAIRE = {
+    "Detail": {"简略": 0, "一般": 1, "详细": 2},
+    "Availability": {"不可用": 0, "有一定参考": 1, "很有用": 2},
+    "Diversity": {"结果单一": 0, "一般": 1, "结果多样": 2},
+    "Memorization": {"是": 0, "否": 1},
+}
+
+
+def clustered_correlation(x, y, clusters, rng: np.random.Generator, resamples: int = 2000) -> dict:
+    """Spearman and Pearson correlations of x and y with p-values, and 95% percentile intervals from a
+    bootstrap that resamples whole clusters (persons), since one person's conversations are not
+    independent."""
+    from scipy.stats import pearsonr, spearmanr
+
+    x, y, clusters = np.asarray(x, float), np.asarray(y, float), np.asarray(clusters)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return {"n": len(x), "note": "too few conversations or a constant variable"}
+    names = np.unique(clusters)
+    members = [np.flatnonzero(clusters == c) for c in names]
+    draws = {"spearman": [], "pearson": []}
+    for _ in range(resamples):
+        index = np.concatenate([members[i] for i in rng.integers(len(names), size=len(names))])
+        if np.ptp(x[index]) == 0 or np.ptp(y[index]) == 0:
+            continue
+        draws["spearman"].append(spearmanr(x[index], y[index]).statistic)
+        draws["pearson"].append(pearsonr(x[index], y[index]).statistic)
+    s, p = spearmanr(x, y), pearsonr(x, y)
+    return {
+        "n": len(x),
+        "clusters": len(names),
+        "spearman": round(float(s.statistic), 3),
+        "spearman_p": float(s.pvalue),
+        "spearman_ci95": [round(float(v), 3) for v in np.percentile(draws["spearman"], [2.5, 97.5])],
+        "pearson": round(float(p.statistic), 3),
+        "pearson_p": float(p.pvalue),
+        "pearson_ci95": [round(float(v), 3) for v in np.percentile(draws["pearson"], [2.5, 97.5])],
+    }
+
+
+def replay_check(data: Path, config, out: Path, source: str, limit: int | None, backend=None) -> dict:
+    """Replay recorded conversations (``source`` llm: RecLLMSim's LLM users against their 7 ratings;
+    human: the real people against their questionnaires) with the simulator, and correlate its
+    conversation-level ratings (the mean over the assistant turns of each rating) with the recorded
+    ones, clustered by persona. ``limit``: the first N conversations of a seeded shuffle."""
+    from agents.converse.simulator import UserSimulator
+    from data_prep.converse_pairs import profile_text
+
+    loaded = recllmsim.load(data)
+    convs = [c for c in loaded.conversations if c.source == source]
+    rng = np.random.default_rng(config.seed)
+    order = rng.permutation(len(convs))
+    convs = [convs[i] for i in order[: limit or len(convs)]]
+    if backend is None:
+        from agents.llm import load_llm
+
+        backend = load_llm(config.llm)
+    simulator = UserSimulator(config, backend, rng)
+    recorded = [
+        {"about": profile_text(c), "task": c.task_context, "turns": [(t.role, t.content) for t in c.turns]}
+        for c in convs
+    ]
+    rated = simulator.replay(recorded)
+    mean = {
+        key: [
+            float(np.mean([r[key] for r in rs if r and r.get(key) is not None] or [np.nan])) for rs in rated
+        ]
+        for key in KEYS
+    }
+    truth = (
+        {name: [c.ratings[name] for c in convs] for name in recllmsim.RATING_SCALES}
+        if source == "llm"
+        else {
+            name: [QUESTIONNAIRE[name].get(c.questionnaire.get(name), np.nan) for c in convs]
+            for name in QUESTIONNAIRE
+        }
+    )
+    results = {"source": source, "conversations": len(convs), "model": config.llm.model,
+               "unusable_ratings": simulator.counts["fallback:rating"], "correlations": {}}  # fmt: skip
+    for key, xs in mean.items():
+        for name, ys in truth.items():
+            keep = [i for i in range(len(convs)) if not np.isnan(xs[i]) and not np.isnan(ys[i])]
+            results["correlations"][f"{key} ~ {name}"] = clustered_correlation(
+                [xs[i] for i in keep], [ys[i] for i in keep], [convs[i].persona for i in keep], rng
+            )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"replay_{source}.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
+    print(
+        json.dumps(
+            {
+                k: {m: v.get(m) for m in ("n", "spearman", "spearman_ci95")}
+                for k, v in results["correlations"].items()
+            },
+            indent=1,
+        )
+    )
+    return results
+
+
 def evaluate(run: Path, data: Path, out: Path) -> dict:
     turns = read_jsonl(run / "turns.jsonl")
     dialogues = read_jsonl(run / "dialogues.jsonl")
@@ -342,11 +442,24 @@ def evaluate(run: Path, data: Path, out: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True)
+    parser.add_argument("--run", type=Path, help="a run folder of agents.converse")
     parser.add_argument("--data", type=Path, default=Path("../shared/data/raw/recllmsim"))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--replay", choices=["llm", "human"], help="replay recorded conversations instead")
+    parser.add_argument(
+        "--config", default="configs/converse/recllmsim.yaml", help="replay: the simulator's config"
+    )
+    parser.add_argument("--limit", type=int, help="replay: at most this many conversations")
     args = parser.parse_args(argv)
-    evaluate(args.run, args.data, args.out or args.run / "eval")
+    if not args.run and not args.replay:
+        parser.error("give --run RUN_DIR (evaluate a run) or --replay llm|human")
+    if args.replay:
+        from agents.converse.config import load_config
+
+        out = args.out or Path("runs/converse/replay")
+        replay_check(args.data, load_config(args.config), out, args.replay, args.limit)
+    else:
+        evaluate(args.run, args.data, args.out or args.run / "eval")
 
 
 if __name__ == "__main__":

@@ -406,3 +406,46 @@ def test_recommenders_must_fit_the_setting():
     with pytest.raises(ConfigError, match="crs"):
         config("setting=recllmsim")  # the default [base, agent] need the Yelp catalogue
     assert config("setting=recllmsim", "crs=[assistant]").crs == ["assistant"]
+
+
+def test_clustered_correlations_by_hand():
+    from eval.converse import clustered_correlation
+
+    result = clustered_correlation(
+        [1, 2, 3, 4, 5, 6], [2, 4, 6, 8, 10, 12], ["a", "a", "b", "b", "c", "c"], np.random.default_rng(0)
+    )
+    assert result["spearman"] == 1.0 and result["pearson"] == 1.0 and result["clusters"] == 3
+    assert result["spearman_ci95"] == [1.0, 1.0]
+    opposite = clustered_correlation(
+        [1, 2, 3, 4], [4, 3, 2, 1], ["a", "b", "c", "d"], np.random.default_rng(0)
+    )
+    assert opposite["spearman"] == -1.0
+    assert "note" in clustered_correlation([1, 1, 1], [1, 2, 3], ["a", "b", "c"], np.random.default_rng(0))
+
+
+def test_replay_correlates_with_the_recorded_ratings_clustered_by_persona(raw, tmp_path):
+    from eval.converse import replay_check
+
+    class ByLength(Scripted):
+        """Rates the assistant's last message by its length: a rating that varies across conversations."""
+
+        def answer(self, conversation, constraint):
+            if constraint is not None and constraint.kind == "json" and '"rationale"' in constraint.schema:
+                last = conversation[-1]["content"].split("Assistant: ")[-1]
+                score = 1 + len(last) % 5
+                return json.dumps(dict(self.rating, language_quality=score, action_quality=score))
+            return super().answer(conversation, constraint)
+
+    backend = ByLength()
+    result = replay_check(raw / "recllmsim", config(), tmp_path, "llm", 12, backend)
+    assert result["conversations"] == 12 and backend.kinds == ["rating"] * backend.kinds.count("rating")
+    detail = result["correlations"]["language_quality ~ Detail Level"]
+    assert detail["n"] == 12 and 1 <= detail["clusters"] <= 12
+    assert -1 <= detail["spearman"] <= 1 and detail["spearman_ci95"][0] <= detail["spearman_ci95"][1]
+    people = replay_check(raw / "recllmsim", config(), tmp_path, "human", 6, ByLength())
+    assert set(k.split(" ~ ")[1] for k in people["correlations"]) == {
+        "Detail",
+        "Availability",
+        "Diversity",
+        "Memorization",
+    }
