@@ -24,8 +24,18 @@ simulated users compare with RecLLMSim's LLM users and real people.
   figure (trained on the LLM users' Chinese translations, scored on the real people), each with the
   majority-class accuracy.
 
-Writes OUT/results.json, OUT/table.md, OUT/lengths.png. Not yet here: replay against the people's
-questionnaires and consistency across backbones (docs/converse.md).
+Writes OUT/results.json, OUT/table.md, OUT/lengths.png.
+
+    python -m eval.converse --replay llm --limit 60 --out runs/converse/replay-base
+    python -m eval.converse --replay llm --limit 60 --config CONFIG_WITH_ADAPTER --out runs/converse/replay-tuned
+    python -m eval.converse --consistency runs/converse/replay-base/replay_llm.json runs/converse/replay-tuned/replay_llm.json
+
+- **Replay** (``--replay llm|human``): the simulator rates the assistant turns of recorded
+  conversations; its conversation-level ratings against RecLLMSim's 7 ratings (LLM users) or the
+  people's questionnaires (ordinal), Spearman and Pearson with p-values and person-clustered
+  intervals (``replay_check``).
+- **Consistency across backbones** (``--consistency A B``): two replays of the same conversations,
+  their conversation-level ratings correlated per rating.
 """
 
 from __future__ import annotations
@@ -396,8 +406,20 @@ def replay_check(data: Path, config, out: Path, source: str, limit: int | None, 
             for name in QUESTIONNAIRE
         }
     )
-    results = {"source": source, "conversations": len(convs), "model": config.llm.model,
-               "unusable_ratings": simulator.counts["fallback:rating"], "correlations": {}}  # fmt: skip
+    results = {
+        "source": source,
+        "conversations": len(convs),
+        "model": config.llm.model,
+        "adapter": config.llm.adapter,
+        "unusable_ratings": simulator.counts["fallback:rating"],
+        "correlations": {},
+        # per conversation, the simulator's mean ratings: what --consistency compares across backbones
+        "ratings": {
+            c.file: {key: None if np.isnan(mean[key][i]) else mean[key][i] for key in KEYS}
+            for i, c in enumerate(convs)
+        },
+        "persona": {c.file: c.persona for c in convs},
+    }
     for key, xs in mean.items():
         for name, ys in truth.items():
             keep = [i for i in range(len(convs)) if not np.isnan(xs[i]) and not np.isnan(ys[i])]
@@ -416,6 +438,28 @@ def replay_check(data: Path, config, out: Path, source: str, limit: int | None, 
         )
     )
     return results
+
+
+def consistency(first: Path, second: Path) -> dict:
+    """Two replays of the same conversations by different backbones: per rating, the correlation of
+    their conversation-level ratings (clustered by persona)."""
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    shared = sorted(set(a["ratings"]) & set(b["ratings"]))
+    out = {"first": {"model": a["model"], "adapter": a["adapter"]}, "second": {"model": b["model"], "adapter": b["adapter"]},
+           "conversations": len(shared), "correlations": {}}  # fmt: skip
+    rng = np.random.default_rng(0)
+    for key in KEYS:
+        keep = [
+            f for f in shared if not np.isnan(a["ratings"][f][key]) and not np.isnan(b["ratings"][f][key])
+        ]
+        out["correlations"][key] = clustered_correlation(
+            [a["ratings"][f][key] for f in keep],
+            [b["ratings"][f][key] for f in keep],
+            [a["persona"][f] for f in keep],
+            rng,
+        )
+    print(json.dumps(out, indent=1))
+    return out
 
 
 def evaluate(run: Path, data: Path, out: Path) -> dict:
@@ -450,10 +494,16 @@ def main(argv: list[str] | None = None) -> None:
         "--config", default="configs/converse/recllmsim.yaml", help="replay: the simulator's config"
     )
     parser.add_argument("--limit", type=int, help="replay: at most this many conversations")
+    parser.add_argument("--consistency", type=Path, nargs=2, help="two replay JSONs of different backbones")
     args = parser.parse_args(argv)
-    if not args.run and not args.replay:
-        parser.error("give --run RUN_DIR (evaluate a run) or --replay llm|human")
-    if args.replay:
+    if not (args.run or args.replay or args.consistency):
+        parser.error("give --run RUN_DIR, --replay llm|human, or --consistency A.json B.json")
+    if args.consistency:
+        result = consistency(*args.consistency)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "consistency.json").write_text(json.dumps(result, indent=1))
+    elif args.replay:
         from agents.converse.config import load_config
 
         out = args.out or Path("runs/converse/replay")

@@ -449,3 +449,19 @@ def test_replay_correlates_with_the_recorded_ratings_clustered_by_persona(raw, t
         "Diversity",
         "Memorization",
     }
+
+
+def test_consistency_compares_two_backbones_on_the_same_conversations(tmp_path):
+    from eval.converse import consistency
+
+    def replay(values, model):
+        files = [f"c{i}.json" for i in range(len(values))]
+        ratings = {f: {"language_quality": v, "action_quality": v, "recommendation_quality": float("nan")}
+                   for f, v in zip(files, values, strict=True)}  # fmt: skip
+        return {"model": model, "adapter": None, "ratings": ratings, "persona": {f: f for f in files}}
+
+    (tmp_path / "a.json").write_text(json.dumps(replay([1, 2, 3, 4, 5], "base")))
+    (tmp_path / "b.json").write_text(json.dumps(replay([2, 3, 4, 5, 5.5], "tuned")))
+    result = consistency(tmp_path / "a.json", tmp_path / "b.json")
+    assert result["conversations"] == 5 and result["correlations"]["language_quality"]["spearman"] == 1.0
+    assert result["correlations"]["recommendation_quality"]["n"] == 0  # nothing rated: no figure
