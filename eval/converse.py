@@ -449,9 +449,7 @@ def consistency(first: Path, second: Path) -> dict:
            "conversations": len(shared), "correlations": {}}  # fmt: skip
     rng = np.random.default_rng(0)
     for key in KEYS:
-        keep = [
-            f for f in shared if not np.isnan(a["ratings"][f][key]) and not np.isnan(b["ratings"][f][key])
-        ]
+        keep = [f for f in shared if a["ratings"][f][key] is not None and b["ratings"][f][key] is not None]
         out["correlations"][key] = clustered_correlation(
             [a["ratings"][f][key] for f in keep],
             [b["ratings"][f][key] for f in keep],

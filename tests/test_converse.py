@@ -456,7 +456,7 @@ def test_consistency_compares_two_backbones_on_the_same_conversations(tmp_path):
 
     def replay(values, model):
         files = [f"c{i}.json" for i in range(len(values))]
-        ratings = {f: {"language_quality": v, "action_quality": v, "recommendation_quality": float("nan")}
+        ratings = {f: {"language_quality": v, "action_quality": v, "recommendation_quality": None}
                    for f, v in zip(files, values, strict=True)}  # fmt: skip
         return {"model": model, "adapter": None, "ratings": ratings, "persona": {f: f for f in files}}
 
