@@ -24,7 +24,8 @@ simulated users compare with RecLLMSim's LLM users and real people.
   figure (trained on the LLM users' Chinese translations, scored on the real people), each with the
   majority-class accuracy.
 
-Writes OUT/results.json, OUT/table.md, OUT/lengths.png.
+Writes OUT/results.json, OUT/table.md, OUT/lengths.png and OUT/traits.png (per refinement tool, the
+judged levels by the persona's level).
 
     python -m eval.converse --replay llm --limit 60 --out runs/converse/replay-base
     python -m eval.converse --replay llm --limit 60 --config CONFIG_WITH_ADAPTER --out runs/converse/replay-tuned
@@ -196,6 +197,37 @@ def controllability(turns: list[dict], personas: dict[int, dict]) -> dict:
         "judged_levels_persona_to_judged": {tool: dict(c) for tool, c in judged.items()},
         "raw": by_level,
     }
+
+
+def plot_traits(control: dict, path: Path) -> None:
+    """Per refinement tool: the levels the judger gave, grouped by the persona's level (how far the
+    population's language differs by persona setting, as the judgers see it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tools = control["judged_levels_persona_to_judged"]
+    if not tools:
+        return
+    fig, axes = plt.subplots(1, len(tools), figsize=(4.2 * len(tools), 3.4), squeeze=False)
+    for ax, (tool, pairs) in zip(axes[0], tools.items(), strict=True):
+        targets = sorted({k.split("->")[0] for k in pairs})
+        judged = sorted({k.split("->")[1] for k in pairs})
+        bottom = np.zeros(len(targets))
+        for level in judged:
+            heights = np.array([pairs.get(f"{t}->{level}", 0) for t in targets], dtype=float)
+            totals = np.array([sum(v for k, v in pairs.items() if k.startswith(f"{t}->")) for t in targets])
+            share = heights / np.maximum(totals, 1)
+            ax.bar(targets, share, bottom=bottom, label=f"judged {level}")
+            bottom += share
+        ax.set_title(tool, fontsize=10)
+        ax.set_xlabel("persona's level")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("share of user turns")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_lengths(control: dict, real_words: list[int], path: Path) -> None:
@@ -478,6 +510,7 @@ def evaluate(run: Path, data: Path, out: Path) -> dict:
     (out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
     (out / "table.md").write_text(table(results))
     plot_lengths(control, ref["llm"]["words_en"], out / "lengths.png")
+    plot_traits(control, out / "traits.png")
     print(table(results))
     return results
 

@@ -341,6 +341,7 @@ def test_the_evaluation_of_a_run_by_hand(raw, tmp_path):
     words = results["controllability"]["words_by_sentence_length_setting"]
     assert sum(v["n"] for v in words.values()) == 60  # 2 recommenders x 10 dialogues x 3 turns
     assert (tmp_path / "eval" / "lengths.png").stat().st_size > 0
+    assert (tmp_path / "eval" / "traits.png").stat().st_size > 0
     ident = results["identification"]
     reference = ident["reference: RecLLMSim LLM users (Chinese) -> real people"]
     assert reference["train"] == 1856 and reference["test"] == 291 and 0 <= reference["accuracy"] <= 1
