@@ -32,15 +32,7 @@ import numpy as np
 
 from data_prep import recllmsim
 
-ATTRIBUTES = (
-    "personality",
-    "occupation",
-    "daily_interests",
-    "travel_habits",
-    "dining_preferences",
-    "spending_habits",
-    "other_aspects",
-)
+ATTRIBUTES = recllmsim.PROFILE_KEYS[2:]  # the tag dictionary's attributes (all but gender and age)
 LEAVE_OUT = {"Others", "No description"}
 
 
