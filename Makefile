@@ -41,7 +41,7 @@ sandbox-demo: $(STAMP)
 	$(PY) -m agents.sandbox run --config configs/sandbox/movielens.yaml --out runs/sandbox/demo \
 		--set data=$(SHARED)/movielens_latest_small --fetch-missing
 
-# The conversational user simulator: 8 personas x 2 Yelp restaurant recommenders, SmolLM2 offline
+# The conversational user simulator: 6 personas x 2 Yelp restaurant recommenders, 3 turns, SmolLM2 offline
 # (runs/converse/demo).
 converse-demo: $(STAMP)
 	$(PY) -m agents.converse --config configs/converse/yelp.yaml --out runs/converse/demo \

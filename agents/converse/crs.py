@@ -98,7 +98,7 @@ class CRS:
 
     def __init__(self, backend, catalogue: list[Restaurant], temperature: float = 0.7, seed: int = 0):
         self.backend, self.catalogue = backend, catalogue
-        self.sampling = Sampling(200, temperature, 1.0, seed)
+        self.sampling = Sampling(140, temperature, 1.0, seed)
         self.index = BM25([r.text() for r in catalogue]) if catalogue else None
         self.by_id = {r.id: r for r in catalogue}
         self.session = Session()
@@ -127,14 +127,14 @@ class CRS:
 
 
 REPLY = Constraint.json_object(
-    reply={"type": "string", "minLength": 1, "maxLength": 600},
+    reply={"type": "string", "minLength": 1, "maxLength": 400},
     recommend={
         "type": "array",
         "items": {"type": "integer", "minimum": 0, "maximum": CANDIDATES},
         "maxItems": 2,
     },
 )
-SAY = Constraint.json_object(reply={"type": "string", "minLength": 1, "maxLength": 600})
+SAY = Constraint.json_object(reply={"type": "string", "minLength": 1, "maxLength": 400})
 FALLBACK = "Sorry, could you tell me more about what you are looking for?"
 
 

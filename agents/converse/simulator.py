@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agents.llm import Constraint, Sampling
+from agents.llm import Constraint, Sampling, count_tokens
 from data_prep.prompt import MAX_TURN_CHARS, _short
 
 ACTIONS = ["request_recommendation", "clarify_preference", "give_feedback", "ask_attributes", "end"]
@@ -60,7 +60,7 @@ TENDENCY = {
     "conservative": "You prefer what you already know you like.",
 }
 RATING = Constraint.json_object(
-    rationale={"type": "string", "minLength": 1, "maxLength": 300},
+    rationale={"type": "string", "minLength": 1, "maxLength": 200},
     language_quality={"type": "integer", "minimum": 1, "maximum": 5},
     action_quality={"type": "integer", "minimum": 1, "maximum": 5},
     recommended={"type": "boolean"},
@@ -79,7 +79,7 @@ FIRST_ACTION = Constraint.json_object(
         "maxItems": 2,
     }
 )
-MESSAGE = Constraint.json_object(message={"type": "string", "minLength": 1, "maxLength": 400})
+MESSAGE = Constraint.json_object(message={"type": "string", "minLength": 1, "maxLength": 300})
 FALLBACK_MESSAGE = "Could you suggest something?"
 
 
@@ -134,9 +134,13 @@ class UserSimulator:
         sampling = Sampling(tokens, self.config.temperature, 1.0, int(self.rng.integers(2**31 - 1)))
         self.counts[f"llm_calls:{kind}"] += len(prompts)
         self.counts["llm_batches"] += 1
-        return self.backend.generate(
+        answers = self.backend.generate(
             [[{"role": "user", "content": p}] for p in prompts], sampling, constraint
         )
+        # answers stopped by the token cap (their JSON is then incomplete: a fallback, counted as such too)
+        self.counts[f"cut_short:{kind}"] += sum(getattr(self.backend, "cut_short", None) or [])
+        count_tokens(self.backend, self.counts)
+        return answers
 
     @staticmethod
     def transcript(dialogue: list[tuple[str, str]], last: int = 6) -> str:
@@ -161,7 +165,7 @@ class UserSimulator:
             for item in items
         ]
         out = []
-        for item, answer in zip(items, self.generate(prompts, RATING, "rating", 200), strict=True):
+        for item, answer in zip(items, self.generate(prompts, RATING, "rating", 160), strict=True):
             value = RATING.parse(answer)  # every field present, of its type and in its range, or None
             if value is None:
                 self.counts["fallback:rating"] += 1
@@ -272,7 +276,7 @@ class UserSimulator:
                 f"Write your next message to the assistant. In it you {wanted}.{closing}"
             )
         messages = []
-        for answer in self.generate(prompts, MESSAGE, "response", 120):
+        for answer in self.generate(prompts, MESSAGE, "response", 100):
             value = MESSAGE.parse(answer)
             if value is None or not value["message"].strip():
                 self.counts["fallback:response"] += 1
@@ -339,7 +343,7 @@ class UserSimulator:
                 f"Keep its meaning and write only the message.\nMessage: {messages[i]}"
                 for i, level, target in redo
             ]
-            rewritten = self.generate(prompts, MESSAGE, f"refine:{tool.name}", 120)
+            rewritten = self.generate(prompts, MESSAGE, f"refine:{tool.name}", 100)
             done = {}
             for (i, level, target), answer in zip(redo, rewritten, strict=True):
                 value = MESSAGE.parse(answer)
