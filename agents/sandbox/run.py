@@ -127,11 +127,12 @@ def run_inputs(config) -> dict:
 FETCHED = Path("runs/data/movielens_latest_small")  # where --fetch-missing puts the public sample
 
 
-def run(args, backend=None, embed=None) -> dict:
+def resolve_config(args):
+    """The config with the command line's overrides; a missing data folder fetched when asked."""
     overrides = list(args.set or [])
-    if args.rounds:
+    if getattr(args, "rounds", None):
         overrides.append(f"rounds={args.rounds}")
-    if args.agents:
+    if getattr(args, "agents", None):
         overrides.append(f"agents={args.agents}")
     config = load_config(args.config, overrides)
     if not Path(config.data).exists():
@@ -145,45 +146,54 @@ def run(args, backend=None, embed=None) -> dict:
             )
             movielens.fetch(FETCHED, movielens.URL)
         config = load_config(args.config, [*overrides, f"data={FETCHED}"])
+    return config
+
+
+RUN_FILES = (
+    "checkpoint.json",
+    "interactions.jsonl",
+    "stats.jsonl",
+    "interventions.jsonl",
+    "summary.json",
+    "profiles_written.json",
+    "profiles.yaml",
+)
+
+
+def open_world(config, out: Path, overwrite: bool, backend=None, embed=None, human=None) -> World:
+    """The run's world, fresh or resumed from its checkpoint; called while holding the run's Lock. A
+    resume from other inputs stops naming what changed (``overwrite`` discards the earlier run)."""
+    checkpoint = out / "checkpoint.json"
+    inputs = run_inputs(config)
+    if not fingerprint.verdict(out, inputs, overwrite=overwrite, has_work=checkpoint.exists()):
+        for name in RUN_FILES:
+            (out / name).unlink(missing_ok=True)
+        print(f"--overwrite: discarded the earlier run in {out}")
+    fingerprint.record(out, inputs)
+    write_json(out / "config.json", as_dict(config))  # what interviews rebuild the world from
+    world = build(config, out, backend, embed, human, fresh=not checkpoint.exists())
+    if checkpoint.exists():
+        world.restore(json.loads(checkpoint.read_text()))
+        print(f"resuming after round {world.round}")
+    for name in ("interactions.jsonl", "stats.jsonl"):
+        keep_rounds(out / name, world.round)
+    return world
+
+
+def run(args, backend=None, embed=None) -> dict:
+    config = resolve_config(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with Lock(out):
-        checkpoint = out / "checkpoint.json"
-        inputs = run_inputs(config)
-        keep = fingerprint.verdict(out, inputs, overwrite=args.overwrite, has_work=checkpoint.exists())
-        if not keep:
-            for name in (
-                "checkpoint.json",
-                "interactions.jsonl",
-                "stats.jsonl",
-                "interventions.jsonl",
-                "summary.json",
-                "profiles_written.json",
-                "profiles.yaml",
-            ):
-                (out / name).unlink(missing_ok=True)
-            print(f"--overwrite: discarded the earlier run in {out}")
-        fingerprint.record(out, inputs)
-        write_json(out / "config.json", as_dict(config))  # what interviews rebuild the world from
         human = HumanPlayer(args.human) if args.human else None
-        world = build(config, out, backend, embed, human, fresh=not checkpoint.exists())
-        if checkpoint.exists():
-            world.restore(json.loads(checkpoint.read_text()))
-            print(f"resuming after round {world.round}")
+        world = open_world(config, out, args.overwrite, backend, embed, human)
         if args.human and args.human not in world.agents:
             names = ", ".join(list(world.agents)[:10])
             raise SystemExit(f"error: --human {args.human!r} is not an agent of this run ({names} ...)")
-        for name in ("interactions.jsonl", "stats.jsonl"):
-            keep_rounds(out / name, world.round)
         try:
             with tqdm(total=config.rounds, initial=world.round, desc="rounds", unit="round") as bar:
                 while world.round < config.rounds:
-                    events, stats = world.step()
-                    with open(out / "interactions.jsonl", "a") as handle:
-                        handle.writelines(json.dumps(e) + "\n" for e in events)
-                    with open(out / "stats.jsonl", "a") as handle:
-                        handle.write(json.dumps(stats) + "\n")
-                    write_json(checkpoint, world.state())
+                    _, stats = play_round(out, world)
                     bar.update(1)
                     bar.set_postfix(watches=stats["watches"], chats=stats["chats"], posts=stats["posts"])
         except KeyboardInterrupt:
@@ -191,6 +201,18 @@ def run(args, backend=None, embed=None) -> dict:
             raise SystemExit(130) from None
         summary = finish(out, world, config)
     return summary
+
+
+def play_round(out: Path, world: World) -> tuple[list[dict], dict]:
+    """One round, its interactions and statistics appended, then the checkpoint (the CLI and the web
+    page both run rounds through here)."""
+    events, stats = world.step()
+    with open(out / "interactions.jsonl", "a") as handle:
+        handle.writelines(json.dumps(e) + "\n" for e in events)
+    with open(out / "stats.jsonl", "a") as handle:
+        handle.write(json.dumps(stats) + "\n")
+    write_json(out / "checkpoint.json", world.state())
+    return events, stats
 
 
 def finish(out: Path, world: World, config) -> dict:
@@ -247,6 +269,74 @@ class HumanPlayer:
         return input("> ").strip()
 
 
+class InterventionError(ValueError):
+    """Bad input to an intervention: nothing was changed."""
+
+
+EDITABLE = ("gender", "age", "traits", "career", "interests", "features")
+MAX_TEXT = 1000  # characters of a profile value, a message or a question
+
+
+def check_agent(state: dict, agent: str) -> dict:
+    for entry in state["agents"]:
+        if entry["profile"]["name"] == agent:
+            return entry
+    names = [a["profile"]["name"] for a in state["agents"]]
+    raise InterventionError(f"no agent {agent!r} (agents: {', '.join(names[:10])} ...)")
+
+
+def check_text(what: str, text: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise InterventionError(f"{what} is empty")
+    if len(text) > MAX_TEXT:
+        raise InterventionError(f"{what} is {len(text)} characters, more than {MAX_TEXT}")
+    return text
+
+
+def edit_profile(state: dict, agent: str, field: str, value: str) -> dict:
+    """Change one profile field of an agent in a world state (a checkpoint). Returns the log record;
+    raises InterventionError, changing nothing, on an unknown agent or field or a bad value."""
+    entry = check_agent(state, agent)
+    if field not in EDITABLE:
+        raise InterventionError(f"field must be one of {', '.join(EDITABLE)}")
+    check_text("the value", value)
+    new = [v.strip() for v in value.split(";") if v.strip()] if field in ("interests", "features") else value
+    if field == "age":
+        if not value.strip().isdigit() or not 0 <= int(value) <= 120:
+            raise InterventionError(f"age {value!r} is not a whole number in [0, 120]")
+        new = int(value)
+    unknown = sorted(set(new) - set(FEATURES)) if field == "features" else []
+    if unknown:
+        raise InterventionError(f"unknown behaviour feature {unknown[0]!r} (one of {', '.join(FEATURES)})")
+    record = {"round": state["round"], "command": "edit", "agent": agent, "field": field}
+    record.update(old=entry["profile"][field], new=new)
+    entry["profile"][field] = new
+    return record
+
+
+def add_broadcast(state: dict, message: str) -> dict:
+    """A message every agent hears at the start of the next round."""
+    state.setdefault("pending_broadcasts", []).append(check_text("the message", message))
+    return {"round": state["round"], "command": "broadcast", "message": message}
+
+
+def interview(world: World, agent: str, question: str) -> dict:
+    check_agent({"agents": [{"profile": {"name": n}} for n in world.agents]}, agent)
+    answer = world.interview(agent, check_text("the question", question))
+    return {
+        "round": world.round,
+        "command": "interview",
+        "agent": agent,
+        "question": question,
+        "answer": answer,
+    }
+
+
+def log_intervention(out: Path, record: dict) -> None:
+    with open(out / "interventions.jsonl", "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
 def intervene(args) -> None:
     """interview / edit / broadcast on a paused run's checkpoint; every change is logged."""
     out = Path(args.run)
@@ -255,46 +345,20 @@ def intervene(args) -> None:
         raise SystemExit(f"error: {checkpoint} is missing: start the run first")
     with Lock(out):
         state = json.loads(checkpoint.read_text())
-        names = [a["profile"]["name"] for a in state["agents"]]
-        if getattr(args, "agent", None) and args.agent not in names:
-            raise SystemExit(f"error: no agent {args.agent!r} in {out} (agents: {', '.join(names[:10])} ...)")
-        record = {"round": state["round"], "command": args.command}
-        if args.command == "edit":
-            entry = next(a for a in state["agents"] if a["profile"]["name"] == args.agent)
-            editable = ("gender", "age", "traits", "career", "interests", "features")
-            if args.field not in editable:
-                raise SystemExit(f"error: --field must be one of {', '.join(editable)}")
-            value = (
-                [v.strip() for v in args.value.split(";") if v.strip()]
-                if args.field in ("interests", "features")
-                else args.value
-            )
-            if args.field == "age":
-                if not args.value.strip().isdigit() or not 0 <= int(args.value) <= 120:
-                    raise SystemExit(
-                        f"error: age {args.value!r} is not a whole number in [0, 120]; nothing changed"
-                    )
-                value = int(value)
-            unknown = sorted(set(value) - set(FEATURES)) if args.field == "features" else []
-            if unknown:
-                raise SystemExit(
-                    f"error: unknown behaviour feature {unknown[0]!r} (one of {', '.join(FEATURES)}); nothing changed"
-                )
-            record.update(agent=args.agent, field=args.field, old=entry["profile"][args.field], new=value)
-            entry["profile"][args.field] = value
-            write_json(checkpoint, state)
-        elif args.command == "broadcast":
-            state.setdefault("pending_broadcasts", []).append(args.message)
-            record.update(message=args.message)
-            write_json(checkpoint, state)
-        elif args.command == "interview":
-            world = build(load_config(out / "config.json"), out, fresh=False)
-            world.restore(state)
-            record.update(
-                agent=args.agent, question=args.question, answer=world.interview(args.agent, args.question)
-            )
-        with open(out / "interventions.jsonl", "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        try:
+            if args.command == "edit":
+                record = edit_profile(state, args.agent, args.field, args.value)
+                write_json(checkpoint, state)
+            elif args.command == "broadcast":
+                record = add_broadcast(state, args.message)
+                write_json(checkpoint, state)
+            else:
+                world = build(load_config(out / "config.json"), out, fresh=False)
+                world.restore(state)
+                record = interview(world, args.agent, args.question)
+        except InterventionError as err:
+            raise SystemExit(f"error: {err}; nothing changed") from None
+        log_intervention(out, record)
     print(json.dumps(record))
 
 
