@@ -695,8 +695,12 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
 
             def reply(c):  # an answer ending in "..." stands for one cut at max_tokens
                 reason = "length" if c[-1]["content"].endswith("...") else "stop"
+                text = c[-1]["content"]  # vLLM's RequestOutput and CompletionOutput carry their token ids
                 return types.SimpleNamespace(
-                    outputs=[types.SimpleNamespace(text=c[-1]["content"], finish_reason=reason)]
+                    prompt_token_ids=[0] * (len(text) + 10),
+                    outputs=[
+                        types.SimpleNamespace(text=text, finish_reason=reason, token_ids=[0] * len(text))
+                    ],
                 )
 
             return [reply(c) for c in conversations]
@@ -732,6 +736,7 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
         [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b..."}]], Sampling(7, 0.0, seed=3)
     )
     assert out == ["a", "b..."] and backend.cut_short == [False, True]
+    assert backend.usage == [(11, 1), (14, 4)]  # prompt and answer tokens per answer
     assert seen["engine"]["enable_lora"] and seen["engine"]["max_lora_rank"] == 16
     assert seen["lora"] == ("adapter", 1, str(adapter))
     assert seen["params"] == {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 3}
