@@ -275,3 +275,11 @@ def test_a_person_plays_an_agent_from_the_page(served):
     wait_for(lambda: client.get("/api/status").json()["round"] == 1 and not runner.busy)
     mine = [e for e in client.get("/api/log").json()["rows"] if e["agent"] == name]
     assert [e["action"] for e in mine] == ["go:nothing"]  # the person's choice, not the model's
+
+
+def test_the_log_names_the_movies(served):
+    client, runner, out = served
+    client.post("/api/control", json={"action": "step"})
+    wait_for(lambda: client.get("/api/status").json()["round"] == 1 and not runner.busy)
+    watched = [r for r in client.get("/api/log").json()["rows"] if r["action"] == "watch"]
+    assert watched and all(r["title"] and "(" in r["title"] for r in watched)  # "Title (year)"

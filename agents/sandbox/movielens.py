@@ -58,9 +58,23 @@ class MovieLens:
         return out
 
 
+def load_movies(folder: str | Path, reject=None) -> dict[int, Movie]:
+    """movies.csv alone (titles and genres); a malformed line goes to ``reject(file, line, reason, row)``."""
+    movies: dict[int, Movie] = {}
+    with open(Path(folder) / "movies.csv", newline="", encoding="utf-8") as handle:
+        for line, row in enumerate(csv.DictReader(handle), start=2):
+            try:
+                movie = Movie(int(row["movieId"]), row["title"], row["genres"].split("|"))
+            except (KeyError, TypeError, ValueError):
+                if reject:
+                    reject("movies.csv", line, "malformed", row)
+                continue
+            movies[movie.id] = movie
+    return movies
+
+
 def load(folder: str | Path) -> MovieLens:
     folder = Path(folder)
-    movies: dict[int, Movie] = {}
     rejects: list[dict] = []
     counts: Counter = Counter()
 
@@ -68,14 +82,7 @@ def load(folder: str | Path) -> MovieLens:
         counts[f"rejected:{reason}"] += 1
         rejects.append({"file": file, "line": line, "reason": reason, "row": row})
 
-    with open(folder / "movies.csv", newline="", encoding="utf-8") as handle:
-        for line, row in enumerate(csv.DictReader(handle), start=2):
-            try:
-                movie = Movie(int(row["movieId"]), row["title"], row["genres"].split("|"))
-            except (KeyError, TypeError, ValueError):
-                reject("movies.csv", line, "malformed", row)
-                continue
-            movies[movie.id] = movie
+    movies = load_movies(folder, reject)
     tags_path = folder / "tags.csv"
     if tags_path.exists():
         with open(tags_path, newline="", encoding="utf-8") as handle:

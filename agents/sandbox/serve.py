@@ -235,6 +235,19 @@ def create_app(out: Path, runner: Runner | None, token: str | None = None) -> Fa
         raise HTTPException(404, f"no agent {name!r}")
 
     api = Depends(authorised)
+    titles: dict[int, str] = {}
+
+    def titled(row: dict) -> dict:
+        """An interaction with its movie's title (from the run's data, read once)."""
+        if row.get("item") is None:
+            return row
+        if not titles and (out / "config.json").exists():
+            from agents.sandbox import movielens
+
+            data = Path(json.loads((out / "config.json").read_text())["data"])
+            if (data / "movies.csv").exists():
+                titles.update({m.id: m.title for m in movielens.load_movies(data).values()})
+        return {**row, "title": titles.get(row["item"])}
 
     @app.get("/")
     def page():
@@ -297,7 +310,7 @@ def create_app(out: Path, runner: Runner | None, token: str | None = None) -> Fa
                 "long_term": strip([r for r in memory["long"] if r["kind"] == "observation"]),
                 "insights": strip([r for r in memory["long"] if r["kind"] != "observation"]),
             },
-            "history": events[-50:],
+            "history": [titled(e) for e in events[-50:]],
         }
 
     @app.get("/api/graph", dependencies=[api])
@@ -313,7 +326,7 @@ def create_app(out: Path, runner: Runner | None, token: str | None = None) -> Fa
     @app.get("/api/log", dependencies=[api])
     def log(after: int = Query(0, ge=0), limit: int = Query(200, ge=1, le=1000)):
         rows = read_jsonl(out / "interactions.jsonl")
-        return {"total": len(rows), "rows": rows[after : after + limit]}
+        return {"total": len(rows), "rows": [titled(r) for r in rows[after : after + limit]]}
 
     @app.get("/api/events", dependencies=[api])
     async def events(after: int = 0):
@@ -324,7 +337,7 @@ def create_app(out: Path, runner: Runner | None, token: str | None = None) -> Fa
             while True:
                 rows = read_jsonl(out / "interactions.jsonl")
                 for row in rows[seen:]:
-                    yield f"event: interaction\ndata: {json.dumps(row)}\n\n"
+                    yield f"event: interaction\ndata: {json.dumps(titled(row))}\n\n"
                 seen = len(rows)
                 yield f"event: status\ndata: {json.dumps(status())}\n\n"
                 await asyncio.sleep(1.0)

@@ -75,7 +75,7 @@ async function loadAgent() {
 }
 
 function describe(e) {
-  const item = e.item !== null && e.item !== undefined ? ` item ${e.item}` : "";
+  const item = e.item !== null && e.item !== undefined ? ` ${e.title || "item " + e.item}` : "";
   const text = e.text ? `: ${e.text}` : "";
   return `round ${e.round} · ${e.agent} · ${e.action}${item}${text}`.slice(0, 400);
 }
@@ -143,6 +143,9 @@ function showStatus(s) {
   document.getElementById("status").textContent =
     `round ${s.round} of ${s.rounds} · ${state}` + (s.human ? ` · you play ${s.human}` : "");
   for (const id of ["start", "pause", "resume", "step", "takeover"]) document.getElementById(id).disabled = s.read_only;
+  for (const button of document.querySelectorAll("#edit button, #interview button, #broadcast button")) {
+    button.disabled = s.read_only;
+  }
   if (s.error) showError(s.error);
   const view = document.getElementById("human-view");
   view.hidden = !s.pending;
