@@ -28,7 +28,8 @@ Writes OUT/results.json, OUT/table.md, OUT/lengths.png and OUT/traits.png (per r
 judged levels by the persona's level).
 
     python -m eval.converse --replay llm --limit 60 --out runs/converse/replay-base
-    python -m eval.converse --replay llm --limit 60 --config CONFIG_WITH_ADAPTER --out runs/converse/replay-tuned
+    python -m eval.converse --replay llm --limit 60 --set llm.adapter=runs/converse/sft/smollm2_lora \
+        --out runs/converse/replay-tuned
     python -m eval.converse --consistency runs/converse/replay-base/replay_llm.json runs/converse/replay-tuned/replay_llm.json
 
 - **Replay** (``--replay llm|human``): the simulator rates the assistant turns of recorded
@@ -525,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
         "--config", default="configs/converse/recllmsim.yaml", help="replay: the simulator's config"
     )
     parser.add_argument("--limit", type=int, help="replay: at most this many conversations")
+    parser.add_argument("--set", nargs="*", action="extend", default=[], help="replay: config overrides")
     parser.add_argument("--consistency", type=Path, nargs=2, help="two replay JSONs of different backbones")
     args = parser.parse_args(argv)
     if not (args.run or args.replay or args.consistency):
@@ -538,7 +540,7 @@ def main(argv: list[str] | None = None) -> None:
         from agents.converse.config import load_config
 
         out = args.out or Path("runs/converse/replay")
-        replay_check(args.data, load_config(args.config), out, args.replay, args.limit)
+        replay_check(args.data, load_config(args.config, args.set), out, args.replay, args.limit)
     else:
         evaluate(args.run, args.data, args.out or args.run / "eval")
 
