@@ -383,13 +383,27 @@ def clustered_correlation(x, y, clusters, rng: np.random.Generator, resamples: i
     names = np.unique(clusters)
     members = [np.flatnonzero(clusters == c) for c in names]
     draws = {"spearman": [], "pearson": []}
+    skipped = 0
     for _ in range(resamples):
         index = np.concatenate([members[i] for i in rng.integers(len(names), size=len(names))])
         if np.ptp(x[index]) == 0 or np.ptp(y[index]) == 0:
+            skipped += 1  # a resample with a constant variable has no correlation
             continue
         draws["spearman"].append(spearmanr(x[index], y[index]).statistic)
         draws["pearson"].append(pearsonr(x[index], y[index]).statistic)
     s, p = spearmanr(x, y), pearsonr(x, y)
+    if skipped > 0.05 * resamples:  # a nearly constant rating: the surviving resamples are a biased few
+        return {
+            "n": len(x),
+            "clusters": len(names),
+            "spearman": round(float(s.statistic), 3),
+            "spearman_p": float(s.pvalue),
+            "pearson": round(float(p.statistic), 3),
+            "pearson_p": float(p.pvalue),
+            "spearman_ci95": None,
+            "pearson_ci95": None,
+            "note": f"{skipped} of {resamples} resamples had a constant variable: no interval",
+        }
     return {
         "n": len(x),
         "clusters": len(names),

@@ -33,6 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
 from agents.llm import Constraint, Sampling, count_tokens
 from data_prep.prompt import MAX_TURN_CHARS, _short
@@ -389,7 +390,7 @@ class UserSimulator:
     # -- replay -------------------------------------------------------------------------------------------------
     def replay(self, conversations: list[dict]) -> list[list[dict | None]]:
         """conversations: {"about": persona text, "task", "turns": [(role, text)]}. Every assistant turn
-        rated with the dialogue up to it, in one batch; the dialogues are not changed. The recommender's
+        rated with the dialogue up to it, in batches of 32; the dialogues are not changed. The recommender's
         recommendations are unknown here: the LLM judges whether one was made; no trait modifiers."""
         items, where = [], []
         for c, conversation in enumerate(conversations):
@@ -406,6 +407,10 @@ class UserSimulator:
                     )
                     where.append(c)
         out: list[list] = [[] for _ in conversations]
-        for c, rating in zip(where, self.rate(items), strict=True):
+        ratings: list[dict | None] = []
+        chunk = 32  # batched calls of this many turns, for the progress bar
+        for start in tqdm(range(0, len(items), chunk), desc="replayed turns", unit=f" x{chunk}", leave=False):
+            ratings += self.rate(items[start : start + chunk])
+        for c, rating in zip(where, ratings, strict=True):
             out[c].append(rating)
         return out
