@@ -15,6 +15,24 @@ def write_json(path: Path, value) -> None:
     os.replace(tmp, path)
 
 
+def valid_lines(path: Path) -> list[tuple[str, dict]]:
+    """A JSON-lines file's whole lines and their values; a line cut by a kill (or still being
+    written) is not one."""
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append((line, json.loads(line)))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The values of a JSON-lines file's whole lines (see valid_lines)."""
+    return [row for _, row in valid_lines(path)]
+
+
 class Lock:
     """One writer per run folder: an exclusive flock on RUN_DIR/.lock, held while the process lives
     (the kernel releases it when the process dies, so a killed or requeued run is never locked out)."""

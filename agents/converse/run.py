@@ -31,7 +31,7 @@ from agents.converse.crs import RECOMMENDERS, load_restaurants
 from agents.converse.profiles import Persona, load_sources, resolve_conflicts, sample_personas
 from agents.converse.simulator import User, UserSimulator
 from agents.llm import EXECUTION_FIELDS
-from agents.runs import Lock, write_json
+from agents.runs import Lock, read_jsonl, valid_lines, write_json
 from data_prep import fingerprint
 from data_prep.provenance import provenance
 
@@ -70,18 +70,6 @@ def personas_for(config, out: Path, backend) -> tuple[list[Persona], dict]:
     report["priors"] = priors
     write_json(path, {"personas": [p.to_json() for p in personas], "report": report})
     return personas, report
-
-
-def valid_lines(path: Path) -> list[tuple[str, dict]]:
-    """The file's whole JSON lines (a line cut by a kill is not one)."""
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append((line, json.loads(line)))
-            except json.JSONDecodeError:
-                continue
-    return out
 
 
 def tidy(out: Path, chunks: list[tuple[int, str, list[int]]]) -> set[tuple[str, int]]:
@@ -135,13 +123,11 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
 
 
 def summarise(out: Path, config, report: dict) -> dict:
-    dialogues = [
-        json.loads(line) for line in (out / "dialogues.jsonl").read_text().splitlines() if line.strip()
-    ]
+    dialogues = read_jsonl(out / "dialogues.jsonl")
     counts = Counter()
     for dialogue in dialogues:
         counts.update(dialogue.get("chunk_counts", {}))
-    turns = [row for _, row in valid_lines(out / "turns.jsonl")]
+    turns = read_jsonl(out / "turns.jsonl")
     per_crs = {}
     for name in config.crs:
         mine = [t for t in turns if t["crs"] == name and t.get("rating")]

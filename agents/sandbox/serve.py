@@ -39,7 +39,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
-from agents.runs import Lock, write_json
+from agents.runs import Lock, read_jsonl, write_json
 from agents.sandbox.run import (
     EDITABLE,
     MAX_TEXT,
@@ -56,17 +56,6 @@ from agents.sandbox.run import (
 
 WEB = Path(__file__).parent / "web"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written
-                continue
-    return rows
 
 
 class WebHuman:
