@@ -60,3 +60,29 @@ def compare_bars(names: list[str], results: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def fidelity(true_stars, pred_stars, true_texts: list[str], pred_texts: list[str], path: Path) -> None:
+    """The real and simulated populations side by side: star histograms and review lengths in words."""
+    from eval.fidelity import words
+
+    fig, (stars_ax, length_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    bins = np.arange(-0.25, 5.5, 0.5)
+    stars_ax.hist(
+        [true_stars, pred_stars], bins=bins, label=["real", "simulated"], color=["#999999", "#4C72B0"]
+    )
+    stars_ax.set_xlabel("stars")
+    stars_ax.set_title("Star distribution")
+    stars_ax.legend()
+    true_len = [len(words(t)) for t in true_texts]
+    pred_len = [len(words(t)) for t in pred_texts]
+    top = max(np.percentile(true_len + pred_len, 99), 1)
+    length_bins = np.linspace(0, top, 30)
+    length_ax.hist(true_len, bins=length_bins, alpha=0.6, label="real", color="#999999")
+    length_ax.hist(pred_len, bins=length_bins, alpha=0.6, label="simulated", color="#4C72B0")
+    length_ax.set_xlabel("review length (words; the longest 1% not shown)")
+    length_ax.set_title("Review length")
+    length_ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

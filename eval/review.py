@@ -8,11 +8,15 @@
     python -m eval.review ... --emotion-model path/to/roberta --topic-model path/to/sbert
     # several results side by side: OUT_DIR/compare.md and compare.png
     python -m eval.review --compare runs/eval/a/results.json runs/eval/b/results.json --out runs/eval/cmp
+    # with the build folder, the fidelity report also counts verbatim copies of the store's reviews;
+    # --wandb offline|online logs it all to W&B (the adapter's training project and group when known)
+    python -m eval.review ... --data runs/data/yelp --wandb offline
 
 Writes OUT_DIR/results.json (PE, RG, overall, the three error terms, n, SIM/REAL and per-source
 breakdowns, counts, the visibility the predictions were made under (from their run's summary),
-provenance), OUT_DIR/samples.jsonl (every per-task term) and two PNGs
-(star_confusion.png, text_errors.png). Per-text model outputs are cached in $USERSIM_CACHE/scores.sqlite
+provenance), the fidelity report (eval.fidelity: how the simulated reviews and stars compare with the
+real ones as populations), OUT_DIR/samples.jsonl (every per-task term) and three PNGs
+(star_confusion.png, text_errors.png, fidelity.png). Per-text model outputs are cached in $USERSIM_CACHE/scores.sqlite
 (keyed by the exact scorer and the text), so the ground truth is encoded once across runs (--no-cache).
 
 Problems are errors, never silent: predictions missing for some tasks (unless --allow-missing, which
@@ -34,8 +38,9 @@ import numpy as np
 from data_prep.paths import cache_dir
 from data_prep.provenance import provenance
 from data_prep.tasks import read_groundtruth, read_targets, read_tasks
-from eval import plots
+from eval import plots, tracking
 from eval.backends import build_scorers
+from eval.fidelity import fidelity
 from eval.predictions import PredictionError, align, read_predictions, run_visibility
 from eval.scoring import ScoreCache, emotion_dict, score_pairs, summarise
 
@@ -93,6 +98,13 @@ def evaluate(args: argparse.Namespace) -> dict:
     is_sim = np.array([t.get("data type") == "sim" for t in tasks])
     out_of_range = [t["task_id"] for t, bad in zip(tasks, terms["stars_out_of_range"], strict=True) if bad]
     empty = [t["task_id"] for t, text in zip(tasks, pred_texts, strict=True) if not text.strip()]
+    store_texts = None
+    if args.data:
+        from data_prep.store import ReviewStore
+
+        store = ReviewStore.open(args.data, tasks=args.tasks)  # what a prediction could copy: pairs blocked
+        store_texts = [r["text"] for r in store.visible_reviews()]
+        store.close()
 
     results = {
         **summarise(terms),
@@ -113,6 +125,7 @@ def evaluate(args: argparse.Namespace) -> dict:
             "stars_out_of_range": len(out_of_range),
             "stars_out_of_range_task_ids": out_of_range,
         },
+        "fidelity": fidelity(pred_stars, pred_texts, true_stars, true_texts, store_texts),
         "visibility": run_visibility(args.predictions),
         "backend": args.backend,
         "scorers": scorers.info,
@@ -122,17 +135,32 @@ def evaluate(args: argparse.Namespace) -> dict:
             "pairs_per_second_excluding_load": round(len(tasks) / (scored - loaded), 1),
             "cache": {"texts_reused": cache.hits, "texts_scored": cache.misses} if cache else "off",
         },
-        "inputs": {"tasks": str(args.tasks), "predictions": str(args.predictions), "limit": args.limit},
+        "inputs": {
+            "tasks": str(args.tasks),
+            "predictions": str(args.predictions),
+            "data": str(args.data) if args.data else None,
+            "limit": args.limit,
+        },
         "provenance": provenance(PACKAGES),
     }
     write_outputs(
-        args.out, results, tasks, terms, pred_stars, pred_texts, true_stars, sources, is_sim, predictions
+        args.out,
+        results,
+        tasks,
+        terms,
+        pred_stars,
+        pred_texts,
+        true_stars,
+        true_texts,
+        sources,
+        is_sim,
+        predictions,
     )
     return results
 
 
 def write_outputs(
-    out, results, tasks, terms, pred_stars, pred_texts, true_stars, sources, is_sim, predictions
+    out, results, tasks, terms, pred_stars, pred_texts, true_stars, true_texts, sources, is_sim, predictions
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "samples.jsonl", "w") as f:
@@ -156,11 +184,13 @@ def write_outputs(
                 "emotion_error": float(terms["emotion_error"][i]),
                 "topic_error": float(terms["topic_error"][i]),
                 "pred_review": pred_texts[i],
+                "true_review": true_texts[i],
             }
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     (out / "results.json").write_text(json.dumps(results, indent=2))
     plots.star_confusion(np.array(true_stars), terms["stars_clipped"], out / "star_confusion.png")
     plots.error_histograms(terms, out / "text_errors.png")
+    plots.fidelity(np.array(true_stars), terms["stars_clipped"], true_texts, pred_texts, out / "fidelity.png")
 
 
 def compare(paths: list[Path], names: list[str] | None, out: Path) -> str:
@@ -168,14 +198,25 @@ def compare(paths: list[Path], names: list[str] | None, out: Path) -> str:
     names = names or [Path(p).parent.name for p in paths]
     if len(names) != len(results):
         sys.exit("error: --names needs one name per result file")
-    head = "| run | n | PE | RG | overall | sentiment err | emotion err | topic err | visibility | scorers |"
-    rows = [head, "|" + "---|" * 10]
+    head = (
+        "| run | n | PE | RG | overall | sentiment err | emotion err | topic err | stars W1 | length KS | "
+        "distinct-2 (real) | repeated | copied | visibility | scorers |"
+    )
+    rows = [head, "|" + "---|" * 15]
     for name, r in zip(names, results, strict=True):
         exact = "exact" if r["scorers"]["all_exact"] else "stand-in parts"
+        f = r.get("fidelity")  # result files written before the fidelity report have none
+        share = lambda v: "–" if v is None else f"{v:.1%}"  # noqa: E731
+        fid = (
+            f"{f['star_wasserstein']:.3f} | {f['length_ks']:.3f} | {f['distinct_2']:.3f} ({f['real_distinct_2']:.3f}) | "
+            f"{share(f['repeated_share'])} | {share(f['copied_share'])}"
+            if f
+            else "– | – | – | – | –"
+        )
         rows.append(
             f"| {name} | {r['n']} | {r['preference_estimation']:.4f} | {r['review_generation']:.4f} | "
             f"{r['overall']:.4f} | {r['sentiment_error']:.4f} | {r['emotion_error']:.4f} | {r['topic_error']:.4f} | "
-            f"{r.get('visibility', 'unknown')} | {exact} |"
+            f"{fid} | {r.get('visibility', 'unknown')} | {exact} |"
         )
     table = "\n".join(rows)
     out.mkdir(parents=True, exist_ok=True)
@@ -194,6 +235,9 @@ def main(argv: list[str] | None = None) -> dict | str:
     parser.add_argument("--backend", choices=["offline", "official"], default="offline")
     parser.add_argument("--limit", type=int, help="score only the first N tasks")
     parser.add_argument(
+        "--data", type=Path, help="build folder: the fidelity report counts verbatim copies of its reviews"
+    )
+    parser.add_argument(
         "--allow-missing", action="store_true", help="score missing predictions as 0 stars, empty review"
     )
     parser.add_argument(
@@ -209,6 +253,10 @@ def main(argv: list[str] | None = None) -> dict | str:
         "--compare", type=Path, nargs="+", metavar="RESULTS_JSON", help="put result files side by side"
     )
     parser.add_argument("--names", nargs="+", help="with --compare: a name per result file")
+    parser.add_argument("--wandb", choices=tracking.MODES, default="off", help="log to W&B (eval.tracking)")
+    parser.add_argument("--wandb-project", help="default: the adapter's training project, else usersim")
+    parser.add_argument("--wandb-group", help="default: the adapter's training group")
+    parser.add_argument("--name", help="the W&B run's name (default: the output folder's name)")
     args = parser.parse_args(argv)
 
     if args.compare:
@@ -233,8 +281,34 @@ def main(argv: list[str] | None = None) -> dict | str:
             f"note: {c['missing_scored_as_empty']} missing, {c['stars_out_of_range']} stars clipped, "
             f"{c['empty_reviews']} empty reviews (ids in results.json)"
         )
-    print(f"-> {args.out}/results.json, samples.jsonl, star_confusion.png, text_errors.png")
+    print(f"-> {args.out}/results.json, samples.jsonl, star_confusion.png, text_errors.png, fidelity.png")
+    log_to_wandb(args, results)
     return results
+
+
+SAMPLE_ROWS = 50  # predictions shown in the W&B table, in task order
+
+
+def log_to_wandb(args: argparse.Namespace, results: dict) -> None:
+    where = tracking.target(tracking.adapter_of(args.predictions), args.wandb_project, args.wandb_group)
+    rows = []
+    with open(args.out / "samples.jsonl") as f:
+        for line, _ in zip(f, range(SAMPLE_ROWS)):
+            row = json.loads(line)
+            keep = ("task_id", "true_stars", "pred_stars", "true_review", "pred_review", "topic_error")
+            rows.append({k: row[k] for k in keep})
+    folder = tracking.log_run(
+        args.wandb,
+        where,
+        args.name or args.out.name,
+        args.out,
+        tracking.flat(results),
+        {"inputs": results["inputs"], "visibility": results["visibility"], "scorers": results["scorers"]},
+        {name: args.out / f"{name}.png" for name in ("star_confusion", "text_errors", "fidelity")},
+        {"sample_predictions": rows},
+    )
+    if folder:
+        print(f"W&B ({args.wandb}): project {where['project']}, group {where['group']} -> {folder}")
 
 
 if __name__ == "__main__":

@@ -247,6 +247,28 @@ def test_replay_rates_every_assistant_turn_and_leaves_the_dialogue_alone():
     assert backend.kinds == ["rating"] * 4  # nothing but ratings
 
 
+def test_prompts_show_the_configured_number_of_last_turns():
+    class Recording(Scripted):
+        prompts: list[str] = []
+
+        def answer(self, conversation, constraint):
+            self.prompts.append(conversation[-1]["content"])
+            return super().answer(conversation, constraint)
+
+    turns = [
+        ("user", "first ask"),
+        ("assistant", "first reply"),
+        ("user", "second ask"),
+        ("assistant", "second reply"),
+    ]
+    backend = Recording()
+    UserSimulator(config("transcript_turns=2"), backend, np.random.default_rng(0)).replay(
+        [{"about": "You are a teacher.", "task": "A gift.", "turns": turns}]
+    )
+    last = backend.prompts[-1]  # the rating of the second assistant turn
+    assert "second ask" in last and "second reply" in last and "first" not in last
+
+
 def test_both_recommenders_recommend_from_the_catalogue(raw):
     catalogue = load_restaurants(raw / "yelp_asc_sample" / "item_subset.json")
     assert len(catalogue) > 300 and all(r.categories is not None for r in catalogue)

@@ -373,7 +373,7 @@ def throughput(trainer) -> dict:
     return out
 
 
-def write_card(output_dir: str, recipe, training_args, model_args, base: str, trainer) -> None:
+def write_card(output_dir: str, recipe, training_args, model_args, base: str, trainer, wandb: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -417,6 +417,7 @@ def write_card(output_dir: str, recipe, training_args, model_args, base: str, tr
         "final_train_loss": train_points[-1][1] if train_points else None,
         "train_losses": [loss for _, loss in train_points],
         "final_eval_loss": eval_points[-1][1] if eval_points else None,
+        "wandb": wandb,
         "provenance": provenance(
             ["torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes"]
         ),
@@ -529,9 +530,17 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     )
     inputs_digest = check_fingerprint(recipe, training_args, model_args)
     resume = resume_point(training_args.resume_from_checkpoint, training_args.output_dir)
+    run_id = stable_wandb_run_id(training_args.output_dir, inputs_digest)
+    # the W&B project and group of this adapter, kept in its training card: the evaluations of the
+    # adapter (eval.review --wandb, agents.suite --wandb) log into the same group
+    wandb_target = {
+        "project": os.environ.get("WANDB_PROJECT", recipe.wandb_project),
+        "group": os.environ.get("WANDB_RUN_GROUP", f"{Path(training_args.output_dir).name}-{run_id[:8]}"),
+    }
     if "wandb" in (training_args.report_to or []):
-        os.environ.setdefault("WANDB_PROJECT", recipe.wandb_project)
-        os.environ.setdefault("WANDB_RUN_ID", stable_wandb_run_id(training_args.output_dir, inputs_digest))
+        os.environ.setdefault("WANDB_PROJECT", wandb_target["project"])
+        os.environ.setdefault("WANDB_RUN_GROUP", wandb_target["group"])
+        os.environ.setdefault("WANDB_RUN_ID", run_id)
         os.environ.setdefault("WANDB_RESUME", "allow")
 
     from transformers import AutoTokenizer, set_seed
@@ -591,7 +600,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
         generation.eos_token_id = tokenizer.eos_token_id  # the chat template's end of turn
         generation.pad_token_id = tokenizer.pad_token_id
         generation.save_pretrained(training_args.output_dir)
-        write_card(training_args.output_dir, recipe, training_args, model_args, base, trainer)
+        write_card(training_args.output_dir, recipe, training_args, model_args, base, trainer, wandb_target)
         write_training_data(training_args.output_dir, recipe)
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         if losses and not all(math.isfinite(x) for x in losses):

@@ -109,6 +109,7 @@ class ConverseConfig:
     max_turns: int = Field(6, ge=1)  # user turns per dialogue
     seed: int = 0
     temperature: float = Field(0.7, ge=0)
+    transcript_turns: int = Field(6, ge=1)  # the simulator's prompts show this many last turns
     priors: PriorsConfig = field(default_factory=PriorsConfig)
     conflicts: list[list[str]] = field(
         default_factory=lambda: [

@@ -143,11 +143,11 @@ class UserSimulator:
         count_tokens(self.backend, self.counts)
         return answers
 
-    @staticmethod
-    def transcript(dialogue: list[tuple[str, str]], last: int = 6) -> str:
+    def transcript(self, dialogue: list[tuple[str, str]]) -> str:
+        """The last ``transcript_turns`` turns, each cut at MAX_TURN_CHARS characters."""
         lines = [
             f"{'You' if r == 'user' else 'Assistant'}: {_short(t, MAX_TURN_CHARS)}"
-            for r, t in dialogue[-last:]
+            for r, t in dialogue[-self.config.transcript_turns :]
         ]
         return "\n".join(lines)
 

@@ -12,6 +12,12 @@ every answer follow the format (agents.llm.Constraint). An unusable one (no star
 no review) is asked again once with a stricter instruction; if still unusable, a retrieval-based
 fallback answers. A prediction never has an empty review. Retries and fallbacks are counted.
 
+``selection: mbr`` (LLM agents): the review is chosen from a pool of candidates (the LLM's answer,
+``samples`` sampled answers, ``candidates_user`` + ``candidates_item`` retrieved real reviews) by minimum
+Bayes risk under cheap stand-ins of the metric (agents.review.select), never with the ground truth;
+every prediction keeps its pool (texts, sources, VADER compounds) so other pools and weights can be
+re-chosen offline (bench/selection_bench.py) without asking the LLM again.
+
 ``visibility: time-aware`` (the default): everything a prediction uses (retrieval, the calibrated stars
 and their choice, the baselines' history) is strictly older than the task's target.
 ``visibility: official``: everything but the task pairs, as on the AgentSociety leaderboard.
@@ -25,14 +31,26 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from agents.llm import Constraint, LLMConfig, Sampling, load_llm
 from agents.retrieval import Retriever
+from agents.review.select import POOLS, SentimentByStars, mbr_index
 from agents.review.stars import StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
+from data_prep.store import to_epoch
 
 KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
+# settings that only matter with selection: mbr
+MBR_FIELDS = (
+    "samples",
+    "sample_temperature",
+    "candidates_user",
+    "candidates_item",
+    "pool",
+    "sentiment_weight",
+)
 VISIBILITY = ("time-aware", "official")
 # Per task: first answers, unusable ones, retries (and those that worked), fallbacks, answers cut at
 # max_new_tokens, answers asked for a constraint the backend could not enforce.
@@ -94,6 +112,21 @@ class AgentConfig:
     blend_max: int = field(
         default=256, metadata={"help": "refuse to start when the blend sample is larger than this"}
     )
+    selection: str = field(
+        default="answer", metadata={"help": "answer: the LLM's answer; mbr: minimum Bayes risk over a pool"}
+    )
+    samples: int = field(default=0, metadata={"help": "mbr: reviews sampled from the LLM per task"})
+    sample_temperature: float = 0.8
+    candidates_user: int = field(
+        default=0, metadata={"help": "mbr: the user's own past reviews most similar to the item"}
+    )
+    candidates_item: int = field(
+        default=0, metadata={"help": "mbr: the item's reviews nearest the centroid of the user's reviews"}
+    )
+    pool: str = field(default="both", metadata={"help": "mbr: generated, retrieved or both"})
+    sentiment_weight: float = field(
+        default=1.0, metadata={"help": "mbr: weight of the sentiment stand-in against the topic one"}
+    )
 
 
 @dataclass
@@ -108,6 +141,8 @@ class Prediction:
     unusable: list[str] = field(default_factory=list)  # LLM answers that could not be used, in order
     cut_short: bool = False  # the answer used stopped at max_new_tokens (its review may be truncated)
     star_model: str | None = None  # the star candidate (or blend) that gave the stars; None: the LLM's
+    candidates: list[dict] | None = None  # mbr: the pool [{text, source, vader}]; the review is one of them
+    chosen: int | None = None  # mbr: the index of the chosen candidate
     counts: Counter = field(default_factory=Counter)  # this task's counts (COUNTS); a run sums them
 
 
@@ -154,6 +189,10 @@ class ReviewAgent:
             raise ValueError(f"unknown visibility {config.visibility!r}: one of {VISIBILITY}")
         if config.item_candidates < 1:
             raise ValueError("item_candidates must be at least 1")
+        if config.selection not in ("answer", "mbr") or config.pool not in POOLS:
+            raise ValueError(f"selection is answer or mbr, pool one of {tuple(POOLS)}")
+        if config.selection == "mbr" and (config.kind == "stats" or encoder is None):
+            raise ValueError("selection: mbr needs an LLM agent and the embedding retrieval")
         self.config, self.store = config, store
         self.retriever = Retriever(encoder if config.retrieval == "embedding" else None)
         self.llm = load_llm(llm_config) if config.kind != "stats" else None
@@ -161,6 +200,15 @@ class ReviewAgent:
         self.stars = StarModel(store.visible_ratings())
         if config.kind == "tuned" and config.blend_fraction > 0:
             self.stars.set_llm_validation(self.llm_validation_stars(llm_config.adapter))
+        if config.selection == "mbr":
+            from eval.backends import VaderSentiment
+
+            self.vader = VaderSentiment(offline=True)
+            reviews = list(store.visible_reviews())
+            compounds = self.vader([r["text"] for r in reviews])
+            self.sentiment = SentimentByStars(
+                (to_epoch(r["date"]), r["stars"], c) for r, c in zip(reviews, compounds, strict=True)
+            )
 
     def llm_validation_stars(self, adapter: str | None) -> dict[str, float]:
         """The LLM's stars for the drawn validation reviews that its adapter did not train on, each
@@ -308,7 +356,66 @@ class ReviewAgent:
                     counts,
                 )
             )
+        if self.config.selection == "mbr":
+            self.select(tasks, contexts, out)
         return out
+
+    # -- candidates and selection ----------------------------------------------------------------------
+    def sample(self, contexts: list[dict]) -> list[list[str]]:
+        """``samples`` reviews per context from the LLM at ``sample_temperature`` (unusable ones left
+        out; the caller counts them)."""
+        n = self.config.samples
+        if n == 0:
+            return [[] for _ in contexts]
+        sampling = Sampling(
+            self.config.max_new_tokens, self.config.sample_temperature, seed=self.config.seed + 1
+        )
+        constraint = Constraint.answer(self.config.max_review_chars) if self.config.constrained else None
+        conversations = [self.messages(c) for c in contexts for _ in range(n)]
+        texts = self.llm.generate(conversations, sampling, constraint=constraint)
+        reviews = [parse_completion(t)[1] for t in texts]
+        return [
+            [r.strip() for r in reviews[i * n : (i + 1) * n] if r and r.strip()] for i in range(len(contexts))
+        ]
+
+    def retrieved(self, ctx: dict) -> list[tuple[str, str]]:
+        """Real candidates: the user's own reviews most similar to the item, then the item's reviews
+        nearest the centroid of the user's reviews (none without a user history)."""
+        user = self.retriever.rank(ctx["item_text"], ctx["history"], self.config.candidates_user)
+        item = []
+        if ctx["history"] and ctx["item_pool"] and self.config.candidates_item:
+            centroid = self.retriever.embed([r["text"] for r in ctx["history"]]).mean(axis=0)
+            scores = self.retriever.embed([r["text"] for r in ctx["item_pool"]]) @ centroid
+            item = [
+                ctx["item_pool"][i] for i in np.argsort(-scores, kind="stable")[: self.config.candidates_item]
+            ]
+        return [(r["text"], "user") for r in user] + [(r["text"], "item") for r in item]
+
+    def select(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:
+        """Give each prediction its pool and the review of least risk among the configured sources."""
+        samples = self.sample(contexts)
+        pools = []
+        for ctx, p, drawn in zip(contexts, predictions, samples, strict=True):
+            p.counts["unusable_samples"] += self.config.samples - len(drawn)
+            first = "fallback" if p.source == "fallback" else "llm"  # a fallback is a retrieved review
+            pools.append([(p.review, first), *((s, "sample") for s in drawn), *self.retrieved(ctx)])
+        texts = [t for pool in pools for t, _ in pool]
+        vectors, compounds = self.retriever.embed(texts), self.vader(texts)
+        at = 0
+        for task, p, pool in zip(tasks, predictions, pools, strict=True):
+            v, c = vectors[at : at + len(pool)], compounds[at : at + len(pool)]
+            at += len(pool)
+            p.candidates = [
+                {"text": t, "source": s, "vader": round(float(x), 4)}
+                for (t, s), x in zip(pool, c, strict=True)
+            ]
+            keep = [i for i, (_, s) in enumerate(pool) if s in POOLS[self.config.pool]]
+            if not keep:  # e.g. retrieved only, for a user with no history: the LLM's answer
+                p.counts["empty_pool"] += 1
+                keep = [0]
+            target = self.sentiment.expected(p.stars, self.before(task))
+            p.chosen = keep[mbr_index(v[keep], c[keep], target, self.config.sentiment_weight)]
+            p.review = pool[p.chosen][0]
 
     def ask(self, contexts: list[dict]) -> list[Answer]:
         """The LLM's answer for each context; an unusable one is asked once more, stricter. Each answer

@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig
-from agents.review.agent import COUNTS, AgentConfig, ReviewAgent
+from agents.review.agent import COUNTS, MBR_FIELDS, AgentConfig, ReviewAgent
 from data_prep import fingerprint
 from data_prep.provenance import provenance
 from data_prep.schema import format_utc
@@ -119,8 +119,11 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
     keep = lambda config: {k: v for k, v in asdict(config).items() if k not in EXECUTION_FIELDS}  # noqa: E731
     build = json.loads(store.meta().get("fingerprint") or "{}")
     build.pop("inputs", None)  # file paths: the same data in another clone or mount is the same store
+    agent = keep(agent_config)
+    if agent_config.selection == "answer":  # the pool's settings decide nothing then
+        agent = {k: v for k, v in agent.items() if k not in (*MBR_FIELDS, "selection")}
     return {
-        "agent": keep(agent_config),
+        "agent": agent,
         "llm": {k: v for k, v in keep(llm_config).items() if k != "adapter"} if uses_llm else None,
         "adapter": fingerprint.adapter_digest(llm_config.adapter) if uses_llm else None,
         "tasks": fingerprint.task_folder_digest(args.tasks),
@@ -164,6 +167,7 @@ def summarise(out: Path, tasks: list[dict], done: dict[int, dict], extra: dict) 
         "error_task_ids": sorted(failed),
         "answers_by_source": Counter(row.get("source") for row in rows),
         "star_models_used": Counter(row.get("star_model") or "the LLM's own" for row in rows),
+        "reviews_chosen_from": Counter(row["chosen_source"] for row in rows if "chosen_source" in row),
         "counts": dict(counts),
         "invocations": len(invocations),
         "seconds_loading": round(sum(i["seconds_loading"] for i in invocations), 1),
@@ -190,6 +194,9 @@ def prediction_row(p, seconds: float) -> dict:
         row["unusable_answers"] = p.unusable
     if p.cut_short:
         row["cut_short"] = True  # the review stopped at max_new_tokens
+    if p.candidates is not None:  # selection: mbr
+        row["candidates"], row["chosen"] = p.candidates, p.chosen
+        row["chosen_source"] = p.candidates[p.chosen]["source"]
     return row
 
 

@@ -1,0 +1,65 @@
+"""Choose one review from a pool of candidates by minimum Bayes risk (MBR), never with the ground truth.
+
+The pool mixes reviews the tuned LLM wrote (its greedy answer, ``llm``, and sampled ones, ``sample``)
+with real ones retrieved for the task (``user``: the user's own past reviews most similar to the item;
+``item``: the item's reviews nearest the centroid of the user's reviews). Each candidate's risk is a
+cheap stand-in for the official review-generation error, with the other candidates as pseudo-references:
+
+    risk(c) = 0.5 * mean over the other candidates c' of (1 - cos(c, c')) / 2      (topic stand-in)
+            + sentiment_weight * 0.25 * |vader(c) - expected vader for the predicted stars| / 2
+
+cos is on unit all-MiniLM-L6-v2 embeddings (the agent's retrieval encoder); the expected VADER compound
+for a number of stars is the mean over the store's reviews with those stars strictly older than the
+task (time-aware; all of them under official visibility), from ``SentimentByStars``. A pool of one is
+that one. Ties go to the earlier candidate (the pool's order: llm, samples, user, item).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+import numpy as np
+
+SOURCES = ("llm", "sample", "user", "item")
+GENERATED = ("llm", "sample")
+RETRIEVED = ("user", "item")
+POOLS = {"generated": GENERATED, "retrieved": RETRIEVED, "both": SOURCES}
+
+
+def mbr_index(embeddings: np.ndarray, sentiments: np.ndarray, target: float, sentiment_weight: float) -> int:
+    """The candidate of least risk (above); embeddings unit rows, sentiments VADER compounds."""
+    n = len(embeddings)
+    if n == 0:
+        raise ValueError("MBR needs at least one candidate")
+    if n == 1:
+        return 0
+    cosine = embeddings @ embeddings.T
+    topic = ((1.0 - cosine).sum(axis=1) - (1.0 - np.diag(cosine))) / (n - 1) / 2
+    risk = 0.5 * topic + sentiment_weight * 0.25 * np.abs(np.asarray(sentiments) - target) / 2
+    return int(np.argmin(risk))
+
+
+class SentimentByStars:
+    """The mean VADER compound of the reviews with each whole number of stars, as of a moment: per star
+    value, time-sorted cumulative sums, so a lookup is one binary search."""
+
+    def __init__(self, rows: Iterable[tuple[int, float, float]]):
+        """rows: (ts, stars, compound) of every review that may inform a prediction."""
+        self.times: dict[int, list[int]] = {s: [] for s in range(1, 6)}
+        self.sums: dict[int, list[float]] = {s: [0.0] for s in range(1, 6)}
+        for ts, stars, compound in sorted(rows):
+            s = int(round(stars))
+            if s in self.times:
+                self.times[s].append(ts)
+                self.sums[s].append(self.sums[s][-1] + compound)
+
+    def expected(self, stars: float, before: int | None) -> float:
+        """The mean compound of the reviews with round(stars) stars older than ``before`` (None: all);
+        with none, the nearest star value that has some (ties: the lower), else 0."""
+        target = min(5, max(1, int(round(stars))))
+        for s in sorted(range(1, 6), key=lambda v: (abs(v - target), v)):
+            n = len(self.times[s]) if before is None else bisect.bisect_left(self.times[s], before)
+            if n:
+                return self.sums[s][n] / n
+        return 0.0
