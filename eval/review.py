@@ -31,6 +31,7 @@ import argparse
 import json
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -293,7 +294,7 @@ def log_to_wandb(args: argparse.Namespace, results: dict) -> None:
     where = tracking.target(tracking.adapter_of(args.predictions), args.wandb_project, args.wandb_group)
     rows = []
     with open(args.out / "samples.jsonl") as f:
-        for line, _ in zip(f, range(SAMPLE_ROWS)):
+        for line in islice(f, SAMPLE_ROWS):
             row = json.loads(line)
             keep = ("task_id", "true_stars", "pred_stars", "true_review", "pred_review", "topic_error")
             rows.append({k: row[k] for k in keep})

@@ -666,7 +666,7 @@ def test_hf_backend_constrained_answers_follow_the_format_even_from_a_random_mod
 def test_suite_scores_the_stats_agent_against_both_baselines(yelp_store, yelp_tasks, tmp_path):
     table, agents, claims = suite.run_suite(yelp_store, yelp_tasks, tmp_path, adapter=None, kinds=("stats",))
     lines = table.splitlines()
-    assert [line.split("|")[1].strip() for line in lines[2:]] == ["previous-review", "user-mean", "stats"]
+    assert [line.split("|")[1].strip() for line in lines[2:]] == [*baselines.KINDS, "stats"]
     assert "| stats | 20/20 |" in agents
     assert "| stats > user-mean | preference_estimation |" in claims
     for name in ("compare.md", "compare.png", "agents.md", "claims.md"):

@@ -9,7 +9,7 @@ from agents.llm import LLMConfig
 from agents.retrieval import hashed_bag_of_words
 from agents.review import agent as agent_module
 from agents.review.agent import AgentConfig, ReviewAgent
-from agents.review.select import SentimentByStars, mbr_index
+from agents.review.select import SentimentByStars, mbr_index, reselect
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_groundtruth, read_targets, read_tasks
 from eval import baselines, review, tracking
@@ -135,6 +135,16 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
         else:
             assert p.candidates[p.chosen]["source"] in allowed[pool]
     assert agent.llm.calls == [0.0, 0.8]  # one greedy pass, one sampling pass per batch
+    # re-choosing offline from the kept pools (bench/selection_bench.py) gives the agent's own choices
+    rows = [
+        {"task_id": p.task_id, "stars": p.stars, "review": p.review, "candidates": p.candidates}
+        for p in predictions
+    ]
+    texts = sorted({c["text"] for r in rows for c in r["candidates"]})
+    vectors = dict(zip(texts, agent.retriever.embed(texts), strict=True))
+    targets = [agent.sentiment.expected(p.stars, t["ts"]) for p, t in zip(predictions, tasks, strict=True)]
+    again = reselect(rows, vectors, targets, pool, config.sentiment_weight)
+    assert [r["chosen"] for r in again] == [p.chosen for p in predictions]
 
 
 def test_review_eval_logs_to_wandb_offline_into_the_adapters_group(

@@ -315,6 +315,8 @@ def test_two_process_data_parallel_run_through_accelerate(tmp_path, tiny_model, 
     assert (
         card["steps"] == 3 and card["training"]["gradient_accumulation_steps"] == 1
     )  # 4 = 2 per device x 2 procs
+    # the W&B project and group the adapter's evaluations log into (eval.tracking reads them)
+    assert card["wandb"]["project"] == "usersim" and card["wandb"]["group"].startswith("out-")
 
 
 def test_every_shipped_config_loads():
@@ -341,7 +343,12 @@ def test_wandb_offline_run_with_stable_id_and_generation_table(
 ):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
-    for name in ("WANDB_RUN_ID", "WANDB_PROJECT", "WANDB_RESUME"):  # set by sft.main; restored after the test
+    for name in (
+        "WANDB_RUN_ID",
+        "WANDB_PROJECT",
+        "WANDB_RUN_GROUP",
+        "WANDB_RESUME",
+    ):  # set by sft.main; restored after
         monkeypatch.delenv(name, raising=False)
     (tmp_path / "wandb").mkdir()
     config = recipe(
@@ -363,6 +370,8 @@ def test_wandb_offline_run_with_stable_id_and_generation_table(
     )
     runs = list((tmp_path / "wandb").rglob(f"offline-run-*-{run_id}"))
     assert len(runs) == 1
+    card = json.loads((tmp_path / "out" / "training_card.json").read_text())
+    assert card["wandb"] == {"project": "usersim", "group": f"out-{run_id[:8]}"}  # where its evaluations go
     tables = list(runs[0].rglob("sample_generations*.table.json"))
     assert tables and "generated" in tables[0].read_text()
     samples = [json.loads(line) for line in (tmp_path / "out" / "samples" / "step_2.jsonl").open()]

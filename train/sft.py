@@ -580,11 +580,13 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
                 f"error: FSDP with {state_dict_type} saves no adapter (transformers' save_model writes one only "
                 "for FULL_STATE_DICT): set fsdp_state_dict_type: FULL_STATE_DICT in the accelerate config"
             )
-    return trainer, tokenizer, recipe, training_args, model_args, base, resume
+    return trainer, tokenizer, recipe, training_args, model_args, base, resume, wandb_target
 
 
 def main(argv: list[str] | None = None, callbacks: list | None = None):
-    trainer, tokenizer, recipe, training_args, model_args, base, resume = build_trainer(argv, callbacks)
+    trainer, tokenizer, recipe, training_args, model_args, base, resume, wandb_target = build_trainer(
+        argv, callbacks
+    )
 
     # -- train -----------------------------------------------------------------------------------------
     if resume:

@@ -400,13 +400,14 @@ class ReviewAgent:
             first = "fallback" if p.source == "fallback" else "llm"  # a fallback is a retrieved review
             pools.append([(p.review, first), *((s, "sample") for s in drawn), *self.retrieved(ctx)])
         texts = [t for pool in pools for t, _ in pool]
-        vectors, compounds = self.retriever.embed(texts), self.vader(texts)
+        vectors = self.retriever.embed(texts)
+        compounds = np.round(self.vader(texts), 4)  # as kept in the pool, so re-choosing offline agrees
         at = 0
         for task, p, pool in zip(tasks, predictions, pools, strict=True):
             v, c = vectors[at : at + len(pool)], compounds[at : at + len(pool)]
             at += len(pool)
             p.candidates = [
-                {"text": t, "source": s, "vader": round(float(x), 4)}
+                {"text": t, "source": s, "vader": float(x)}
                 for (t, s), x in zip(pool, c, strict=True)
             ]
             keep = [i for i, (_, s) in enumerate(pool) if s in POOLS[self.config.pool]]

@@ -63,3 +63,27 @@ class SentimentByStars:
             if n:
                 return self.sums[s][n] / n
         return 0.0
+
+
+def reselect(
+    rows: list[dict], vectors: dict[str, np.ndarray], targets: list[float], pool: str, sentiment_weight: float
+) -> list[dict]:
+    """Rows of an mbr run (each with its ``candidates``) with the review re-chosen from ``pool``'s sources
+    with ``sentiment_weight``; ``vectors``: unit embedding per candidate text; ``targets``: each row's
+    expected VADER compound. Rows whose pool has none of those sources keep candidate 0 (the LLM's
+    answer) and get ``"empty_pool": True``. The LLM is not asked again."""
+    out = []
+    for row, target in zip(rows, targets, strict=True):
+        candidates = row["candidates"]
+        keep = [i for i, c in enumerate(candidates) if c["source"] in POOLS[pool]]
+        new = {k: v for k, v in row.items() if k not in ("candidates", "chosen", "chosen_source")}
+        if not keep:
+            keep, new["empty_pool"] = [0], True
+        v = np.stack([vectors[candidates[i]["text"]] for i in keep])
+        s = np.array([candidates[i]["vader"] for i in keep])
+        chosen = keep[mbr_index(v, s, target, sentiment_weight)]
+        new.update(
+            review=candidates[chosen]["text"], chosen=chosen, chosen_source=candidates[chosen]["source"]
+        )
+        out.append(new)
+    return out

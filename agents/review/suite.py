@@ -3,14 +3,17 @@
     python -m agents.suite --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon \\
         --adapter runs/demo/sft/smollm2_lora --out runs/demo/suite/amazon
 
-For each agent config in configs/agents/ (stats, asc-baseline, retrieval-llm, tuned): agents.simulate
-into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline unless --backend official)
-into OUT/eval/KIND. The baselines (each user's previous review; the user's mean stars) are scored too.
-Writes OUT/compare.md and compare.png (eval.review --compare), OUT/agents.md (time per task, parse
-failures, retries, fallbacks, the star models used) and OUT/claims.md (paired differences over the same
-tasks with 95% BCa bootstrap intervals: tuned vs stats on review generation and overall, tuned vs the
-user-mean baseline and the two base-model agents on overall, stats vs the user-mean baseline on PE and
-overall), and prints them.
+For each agent config in configs/agents/ (stats, asc-baseline, retrieval-llm, tuned; tuned-mbr on
+request): agents.simulate into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline
+unless --backend official, with the fidelity report) into OUT/eval/KIND. The model-free baselines (each
+user's previous review; the user's mean stars; the item's review nearest the centroid of the user's
+reviews, eval.baselines) are scored too. Writes OUT/compare.md and compare.png (eval.review --compare:
+the metric and the fidelity columns), OUT/agents.md (time per task, parse failures, retries, fallbacks,
+the star models used, where the chosen reviews came from) and OUT/claims.md (paired differences over
+the same tasks with 95% BCa bootstrap intervals, the CLAIMS below), and prints them.
+
+``--wandb offline|online`` logs every evaluation (eval.tracking) and one suite run with the comparison
+and the claims as tables, into the tuned adapter's W&B project and group.
 
 ``--visibility official`` runs every agent and baseline with the AgentSociety leaderboard's
 visibility (everything but the task pairs) instead of the default time-aware one; every table says
@@ -27,15 +30,23 @@ import numpy as np
 
 from agents.review import simulate
 from data_prep.paths import REPO_ROOT
-from eval import baselines, review
+from eval import baselines, review, tracking
 from eval.metrics import paired_bootstrap
 
-KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
+KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned", "tuned-mbr")
+DEFAULT_KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
 CONFIGS = REPO_ROOT / "configs" / "agents"
 # (a, b, metric): the claims the suite checks, each as a paired difference over the same tasks
 CLAIMS = (
     ("tuned", "stats", "review_generation"),
     ("tuned", "stats", "overall"),
+    ("tuned", "nearest-centroid", "review_generation"),
+    ("tuned", "nearest-centroid", "overall"),
+    ("tuned-mbr", "stats", "review_generation"),
+    ("tuned-mbr", "stats", "overall"),
+    ("tuned-mbr", "nearest-centroid", "review_generation"),
+    ("tuned-mbr", "nearest-centroid", "overall"),
+    ("tuned-mbr", "tuned", "review_generation"),
     ("tuned", "user-mean", "overall"),
     ("tuned", "asc-baseline", "overall"),
     ("tuned", "retrieval-llm", "overall"),
@@ -51,8 +62,8 @@ def generation_args(batch_size: int = 16, max_new_tokens: int = 96) -> list[str]
 
 def agents_table(runs: dict[str, Path]) -> str:
     rows = [
-        "| agent | tasks | s/task | LLM answers | parse failures | retries (fixed) | fallbacks | cut at max tokens | stars from | visibility |",
-        "|" + "---|" * 10,
+        "| agent | tasks | s/task | LLM answers | parse failures | retries (fixed) | fallbacks | cut at max tokens | stars from | reviews chosen from | visibility |",
+        "|" + "---|" * 11,
     ]
     notes = []
     for name, run in runs.items():
@@ -60,10 +71,11 @@ def agents_table(runs: dict[str, Path]) -> str:
         c = s["counts"]
         used = sorted(s["star_models_used"].items(), key=lambda kv: -kv[1])
         stars = ", ".join(f"{model} ({n})" for model, n in used[:2]) + (" ..." if len(used) > 2 else "")
+        chosen = ", ".join(f"{k} ({n})" for k, n in sorted(s.get("reviews_chosen_from", {}).items())) or "–"
         rows.append(
             f"| {name} | {s['predicted']}/{s['tasks']} | {s['seconds_per_task'] or 0:.2f} | {c['llm_answers']} | "
             f"{c['parse_failures']} | {c['retries']} ({c['retry_successes']}) | {c['fallbacks']} | "
-            f"{c['cut_short']} | {stars} | {s['visibility']} |"
+            f"{c['cut_short']} | {stars} | {chosen} | {s['visibility']} |"
         )
         trained = s.get("adapter_training_data")
         if trained:
@@ -96,9 +108,20 @@ def claims_table(eval_root: Path, names: list[str]) -> str:
     return "\n".join(rows)
 
 
-def score(tasks: Path, predictions: Path, out: Path, backend: str) -> Path:
-    argv = ["--tasks", tasks, "--predictions", predictions, "--out", out, "--backend", backend]
-    review.main([str(a) for a in argv])
+def score(tasks: Path, predictions: Path, out: Path, backend: str, data: Path, wandb: str = "off") -> Path:
+    argv = [
+        "--tasks",
+        tasks,
+        "--predictions",
+        predictions,
+        "--out",
+        out,
+        "--backend",
+        backend,
+        "--data",
+        data,
+    ]
+    review.main([*map(str, argv), "--wandb", wandb, "--name", out.name])
     return out / "results.json"
 
 
@@ -107,16 +130,17 @@ def run_suite(
     tasks: Path,
     out: Path,
     adapter: Path | None,
-    kinds: tuple[str, ...] = KINDS,
+    kinds: tuple[str, ...] = DEFAULT_KINDS,
     extra: list[str] | None = None,
     backend: str = "offline",
     visibility: str = "time-aware",
     overwrite: bool = False,
+    wandb: str = "off",
 ) -> tuple[str, str, str]:
-    if "tuned" in kinds and adapter is None:
+    if {"tuned", "tuned-mbr"} & set(kinds) and adapter is None:
         raise SystemExit("error: the tuned agent needs --adapter (a train.sft output folder)")
     scored: dict[str, Path] = {}
-    for kind in ("previous-review", "user-mean"):
+    for kind in baselines.KINDS:
         predictions = out / "baselines" / f"{kind}.jsonl"
         print(f"\n--- baseline {kind}")
         baselines.main(
@@ -132,7 +156,7 @@ def run_suite(
                 visibility,
             ]
         )
-        scored[kind] = score(tasks, predictions, out / "eval" / kind, backend)
+        scored[kind] = score(tasks, predictions, out / "eval" / kind, backend, data, wandb)
     runs = {}
     for kind in kinds:
         print(f"\n--- agent {kind} (configs/agents/{kind}.yaml)")
@@ -141,10 +165,10 @@ def run_suite(
         args = [*map(str, argv), "--visibility", visibility, *(["--overwrite", "true"] if overwrite else [])]
         if kind != "stats":
             args += generation_args() if extra is None else extra
-        if kind == "tuned":
+        if kind.startswith("tuned"):
             args += ["--adapter", str(adapter)]
         simulate.main(args)
-        scored[kind] = score(tasks, run / "predictions.jsonl", out / "eval" / kind, backend)
+        scored[kind] = score(tasks, run / "predictions.jsonl", out / "eval" / kind, backend, data, wandb)
         runs[kind] = run
     print("\n--- comparison (shared evaluator)")
     table = review.main(["--compare", *map(str, scored.values()), "--names", *scored, "--out", str(out)])
@@ -153,7 +177,28 @@ def run_suite(
     claims = claims_table(out / "eval", list(scored))
     (out / "claims.md").write_text(claims + "\n")
     print(f"\n{agents}\n\n{claims}\n-> {out}/compare.md, compare.png, agents.md, claims.md")
+    rows = (
+        lambda text: [  # noqa: E731  a markdown table as dicts
+            dict(zip(cells(text.splitlines()[0]), cells(line), strict=True))
+            for line in text.splitlines()[2:]
+            if line
+        ]
+    )
+    tracking.log_run(
+        wandb,
+        tracking.target(adapter),
+        f"suite-{out.name}",
+        out,
+        {},
+        {"tasks": str(tasks), "data": str(data), "kinds": list(kinds), "visibility": visibility},
+        {"compare": out / "compare.png"},
+        {"compare": rows(table), "claims": rows(claims)},
+    )
     return table, agents, claims
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", type=Path, required=True, help="task folder (data_prep.split)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--adapter", type=Path, help="LoRA adapter for the tuned agent (train.sft output)")
-    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--kinds", nargs="+", default=list(DEFAULT_KINDS), choices=KINDS)
     parser.add_argument("--backend", choices=["offline", "official"], default="offline", help="evaluator")
     parser.add_argument(
         "--visibility",
@@ -175,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--overwrite", action="store_true", help="redo an agent's run whose inputs changed (else refused)"
     )
+    parser.add_argument("--wandb", choices=tracking.MODES, default="off", help="log to W&B (eval.tracking)")
     parser.add_argument("--batch-size", type=int, default=16, help="LLM agents: tasks per batch")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="LLM agents: answer length cap")
     args = parser.parse_args(argv)
@@ -189,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         args.backend,
         args.visibility,
         args.overwrite,
+        args.wandb,
     )
 
 

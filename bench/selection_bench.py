@@ -1,0 +1,176 @@
+"""What each candidate pool adds: re-choose the reviews of a ``tuned-mbr`` run (every prediction keeps
+its pool) from the generated candidates only, the retrieved ones only, or both, with each sentiment
+weight, and score every variant with the shared evaluator. The weight of each pool is cross-fitted:
+the tasks are split in two folds by a hash of their id, and each fold gets the weight that scored best
+on the *other* fold's ground truth, so no task's own truth chooses anything for it.
+
+    python -m bench.selection_bench --run runs/quality/amazon/suite_all/sim/tuned-mbr \\
+        --data runs/quality/amazon/data --tasks runs/quality/amazon/tasks_all --out runs/quality/amazon/selection
+
+Writes OUT/<pool>.jsonl (cross-fitted predictions, with the weight each fold got), OUT/eval/<pool>/
+(eval.review), OUT/selection.json and OUT/selection.md: per pool the metric, the fidelity figures, the
+share of chosen reviews that are real (retrieved) ones, and paired differences (95% BCa) of the pools
+against each other and against the reference runs given with --against NAME=RESULTS_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from agents.retrieval import Retriever
+from agents.review.select import POOLS, SentimentByStars, reselect
+from data_prep.provenance import provenance
+from data_prep.store import ReviewStore, to_epoch
+from data_prep.tasks import read_targets
+from eval import review
+from eval.metrics import paired_bootstrap, per_task_scores
+
+WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0)
+
+
+def fold(task_id) -> int:
+    return hashlib.sha256(str(task_id).encode()).digest()[0] % 2
+
+
+def terms(eval_dir: Path) -> tuple[list, dict[str, np.ndarray]]:
+    rows = sorted(
+        map(json.loads, (eval_dir / "samples.jsonl").read_text().splitlines()), key=lambda r: r["task_id"]
+    )
+    ids = [r["task_id"] for r in rows]
+    return ids, {
+        t: np.array([r[f"{t}_error"] for r in rows]) for t in ("star", "sentiment", "emotion", "topic")
+    }
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+def score(tasks: Path, predictions: Path, out: Path, data: Path) -> Path:
+    review.main(
+        ["--tasks", str(tasks), "--predictions", str(predictions), "--out", str(out), "--data", str(data)]
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--run", type=Path, required=True, help="an agents.simulate run with selection: mbr")
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--tasks", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--against", nargs="*", default=[], help="NAME=EVAL_DIR of reference runs (eval.review)"
+    )
+    args = parser.parse_args(argv)
+
+    rows = sorted(
+        map(json.loads, (args.run / "predictions.jsonl").read_text().splitlines()), key=lambda r: r["task_id"]
+    )
+    if not rows or "candidates" not in rows[0]:
+        raise SystemExit(
+            f"error: {args.run}/predictions.jsonl has no candidate pools (run with selection: mbr)"
+        )
+    summary = json.loads((args.run / "summary.json").read_text())
+    official = summary["visibility"] == "official"
+    store = ReviewStore.open(args.data, tasks=args.tasks)
+    reviews = list(store.visible_reviews())
+    from eval.backends import VaderSentiment, packaged_minilm
+
+    compounds = VaderSentiment(offline=True)([r["text"] for r in reviews])
+    by_stars = SentimentByStars(
+        (to_epoch(r["date"]), r["stars"], c) for r, c in zip(reviews, compounds, strict=True)
+    )
+    moments = read_targets(args.tasks)
+    targets = [by_stars.expected(r["stars"], None if official else moments[r["task_id"]]["ts"]) for r in rows]
+    texts = sorted({c["text"] for r in rows for c in r["candidates"]})
+    print(f"embedding {len(texts)} candidate texts ...", flush=True)
+    vectors = dict(zip(texts, Retriever(packaged_minilm("cpu", 64)).embed(texts), strict=True))
+
+    grid: dict[tuple[str, float], tuple[list, dict]] = {}
+    for pool in POOLS:
+        for weight in WEIGHTS:
+            name = f"{pool}_w{weight:g}"
+            predictions = write(
+                args.out / "grid" / f"{name}.jsonl", reselect(rows, vectors, targets, pool, weight)
+            )
+            (args.out / "grid" / f"{name}.summary.json").write_text(
+                json.dumps({"visibility": summary["visibility"]})
+            )
+            grid[pool, weight] = terms(
+                score(args.tasks, predictions, args.out / "grid" / "eval" / name, args.data)
+            )
+    folds = np.array([fold(r["task_id"]) for r in rows])
+    results, chosen_weights = {}, {}
+    for pool in POOLS:
+        weight_for = {}
+        for k in (0, 1):  # the weight with the best review generation on the other fold
+            other = folds != k
+            weight_for[k] = max(
+                WEIGHTS, key=lambda w: per_task_scores(grid[pool, w][1], "review_generation")[other].mean()
+            )
+        chosen_weights[pool] = {f"fold {k}": w for k, w in weight_for.items()}
+        by_weight = {
+            w: {r["task_id"]: r for r in reselect(rows, vectors, targets, pool, w)}
+            for w in set(weight_for.values())
+        }
+        merged = [
+            dict(by_weight[weight_for[f]][r["task_id"]], sentiment_weight=weight_for[f])
+            for r, f in zip(rows, folds, strict=True)
+        ]
+        predictions = write(args.out / f"{pool}.jsonl", merged)
+        (args.out / f"{pool}.summary.json").write_text(json.dumps({"visibility": summary["visibility"]}))
+        results[pool] = score(args.tasks, predictions, args.out / "eval" / pool, args.data)
+        real = sum(r["chosen_source"] in ("user", "item") for r in merged)
+        chosen_weights[pool]["real_reviews_chosen"] = real / len(merged)
+    references = dict(item.split("=", 1) for item in args.against)
+    table = [
+        "| run | n | PE | RG | overall | stars W1 | length KS | distinct-2 | repeated | copied | real reviews chosen | weight (fold 0 / 1) |",
+        "|" + "---|" * 12,
+    ]
+    for name, folder in [*results.items(), *((k, Path(v)) for k, v in references.items())]:
+        r = json.loads((Path(folder) / "results.json").read_text())
+        f = r["fidelity"]
+        w = chosen_weights.get(name)
+        real = f"{w['real_reviews_chosen']:.1%}" if w else "–"
+        weights = f"{w['fold 0']:g} / {w['fold 1']:g}" if w else "–"
+        table.append(
+            f"| {name} | {r['n']} | {r['preference_estimation']:.4f} | {r['review_generation']:.4f} | {r['overall']:.4f} | "
+            f"{f['star_wasserstein']:.3f} | {f['length_ks']:.3f} | {f['distinct_2']:.3f} | {f['repeated_share']:.1%} | "
+            f"{f['copied_share']:.1%} | {real} | {weights} |"
+        )
+    pairs = [("both", "retrieved"), ("both", "generated"), ("generated", "retrieved")]
+    pairs += [(p, ref) for p in POOLS for ref in references]
+    claims = ["| claim | metric | difference | 95% CI (paired BCa) | n |", "|---|---|---|---|---|"]
+    paired = {}
+    every = {**results, **{k: Path(v) for k, v in references.items()}}
+    for a, b in pairs:
+        ids_a, ta = terms(every[a])
+        ids_b, tb = terms(every[b])
+        if ids_a != ids_b:
+            raise SystemExit(f"error: {a} and {b} were scored on different tasks")
+        for metric in ("review_generation", "overall"):
+            d = paired_bootstrap(ta, tb, metric)
+            paired[f"{a} > {b} ({metric})"] = d
+            claims.append(
+                f"| {a} > {b} | {metric} | {d['difference']:+.4f} | [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] | {d['n']} |"
+            )
+    text = "\n".join(table) + "\n\n" + "\n".join(claims) + "\n"
+    (args.out / "selection.md").write_text(text)
+    report = {"weights": chosen_weights, "paired": paired, "run": str(args.run), "provenance": provenance()}
+    (args.out / "selection.json").write_text(json.dumps(report, indent=2))
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()
