@@ -46,6 +46,7 @@ KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
 MBR_FIELDS = (
     "samples",
     "sample_temperature",
+    "sample_max_new_tokens",
     "candidates_user",
     "candidates_item",
     "pool",
@@ -117,6 +118,9 @@ class AgentConfig:
     )
     samples: int = field(default=0, metadata={"help": "mbr: reviews sampled from the LLM per task"})
     sample_temperature: float = 0.8
+    sample_max_new_tokens: int = field(
+        default=0, metadata={"help": "mbr: the sampled answers' length cap (0: max_new_tokens)"}
+    )
     candidates_user: int = field(
         default=0, metadata={"help": "mbr: the user's own past reviews most similar to the item"}
     )
@@ -361,22 +365,23 @@ class ReviewAgent:
         return out
 
     # -- candidates and selection ----------------------------------------------------------------------
-    def sample(self, contexts: list[dict]) -> list[list[str]]:
+    def sample(self, contexts: list[dict]) -> tuple[list[list[str]], list[int]]:
         """``samples`` reviews per context from the LLM at ``sample_temperature`` (unusable ones left
-        out; the caller counts them)."""
+        out; the caller counts them), and how many of each context's samples hit the length cap."""
         n = self.config.samples
         if n == 0:
-            return [[] for _ in contexts]
-        sampling = Sampling(
-            self.config.max_new_tokens, self.config.sample_temperature, seed=self.config.seed + 1
-        )
+            return [[] for _ in contexts], [0] * len(contexts)
+        tokens = self.config.sample_max_new_tokens or self.config.max_new_tokens
+        sampling = Sampling(tokens, self.config.sample_temperature, seed=self.config.seed + 1)
         constraint = Constraint.answer(self.config.max_review_chars) if self.config.constrained else None
         conversations = [self.messages(c) for c in contexts for _ in range(n)]
         texts = self.llm.generate(conversations, sampling, constraint=constraint)
         reviews = [parse_completion(t)[1] for t in texts]
-        return [
+        cut = [sum(self.llm.cut_short[i * n : (i + 1) * n]) for i in range(len(contexts))]
+        kept = [
             [r.strip() for r in reviews[i * n : (i + 1) * n] if r and r.strip()] for i in range(len(contexts))
         ]
+        return kept, cut
 
     def retrieved(self, ctx: dict) -> list[tuple[str, str]]:
         """Real candidates: the user's own reviews most similar to the item, then the item's reviews
@@ -393,10 +398,11 @@ class ReviewAgent:
 
     def select(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:
         """Give each prediction its pool and the review of least risk among the configured sources."""
-        samples = self.sample(contexts)
+        samples, cut = self.sample(contexts)
         pools = []
-        for ctx, p, drawn in zip(contexts, predictions, samples, strict=True):
+        for ctx, p, drawn, n_cut in zip(contexts, predictions, samples, cut, strict=True):
             p.counts["unusable_samples"] += self.config.samples - len(drawn)
+            p.counts["samples_cut_short"] += n_cut
             first = "fallback" if p.source == "fallback" else "llm"  # a fallback is a retrieved review
             pools.append([(p.review, first), *((s, "sample") for s in drawn), *self.retrieved(ctx)])
         texts = [t for pool in pools for t, _ in pool]
@@ -407,8 +413,7 @@ class ReviewAgent:
             v, c = vectors[at : at + len(pool)], compounds[at : at + len(pool)]
             at += len(pool)
             p.candidates = [
-                {"text": t, "source": s, "vader": float(x)}
-                for (t, s), x in zip(pool, c, strict=True)
+                {"text": t, "source": s, "vader": float(x)} for (t, s), x in zip(pool, c, strict=True)
             ]
             keep = [i for i, (_, s) in enumerate(pool) if s in POOLS[self.config.pool]]
             if not keep:  # e.g. retrieved only, for a user with no history: the LLM's answer

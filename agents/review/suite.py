@@ -177,13 +177,6 @@ def run_suite(
     claims = claims_table(out / "eval", list(scored))
     (out / "claims.md").write_text(claims + "\n")
     print(f"\n{agents}\n\n{claims}\n-> {out}/compare.md, compare.png, agents.md, claims.md")
-    rows = (
-        lambda text: [  # noqa: E731  a markdown table as dicts
-            dict(zip(cells(text.splitlines()[0]), cells(line), strict=True))
-            for line in text.splitlines()[2:]
-            if line
-        ]
-    )
     tracking.log_run(
         wandb,
         tracking.target(adapter),
@@ -192,9 +185,15 @@ def run_suite(
         {},
         {"tasks": str(tasks), "data": str(data), "kinds": list(kinds), "visibility": visibility},
         {"compare": out / "compare.png"},
-        {"compare": rows(table), "claims": rows(claims)},
+        {"compare": table_rows(table), "claims": table_rows(claims)},
     )
     return table, agents, claims
+
+
+def table_rows(text: str) -> list[dict]:
+    """A markdown table as one dict per row, keyed by the header's cells."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return [dict(zip(cells(lines[0]), cells(line), strict=True)) for line in lines[2:]]
 
 
 def cells(line: str) -> list[str]:
