@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The review-agent quality tables of bench/README.md for one sample, end to end and resumable:
 #
-#   bash bench/quality.sh amazon            # about 35 minutes on 2 CPU cores
+#   bash bench/quality.sh amazon            # about 35 minutes on 2 CPU cores, 80 with tuned-mbr
 #   bash bench/quality.sh yelp runs/quality/yelp
 #   VISIBILITY=official bash bench/quality.sh amazon runs/quality/amazon_official
 #
 # 1. build the sample; 2. two task folders from one seeded shuffle: every eligible task (users with
 # >= 2 older reviews) and its first 50; 3. training pairs with *every* eligible task blocked, and the
 # CPU LoRA recipe on them, so the adapter has seen none of the tasks it is scored on; 4. all agents and
-# both baselines on the 50 tasks; 5. stats and tuned (and both baselines) on every eligible task.
+# the baselines on the 50 tasks; 5. stats, tuned and tuned-mbr (and the baselines) on every eligible
+# task; 6. the candidate-pool ablation of tuned-mbr (bench/selection_bench.py).
 # Each step resumes or skips finished work; the suites write compare.md, agents.md and claims.md.
 set -euo pipefail
 SAMPLE=${1:?usage: quality.sh amazon|yelp [OUT]}
@@ -30,5 +31,8 @@ set -x
 "$PY" -m train.sft --config configs/sft/smollm2_cpu.yaml --pairs "$OUT/pairs" --output_dir "$OUT/sft"
 "$PY" -m agents.suite --data "$OUT/data" --tasks "$OUT/tasks_50" --adapter "$OUT/sft" \
     --out "$OUT/suite_50" --visibility "$VISIBILITY"
-"$PY" -m agents.suite --kinds stats tuned --data "$OUT/data" --tasks "$OUT/tasks_all" --adapter "$OUT/sft" \
-    --out "$OUT/suite_all" --visibility "$VISIBILITY"
+"$PY" -m agents.suite --kinds stats tuned tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_all" \
+    --adapter "$OUT/sft" --out "$OUT/suite_all" --visibility "$VISIBILITY"
+E="$OUT/suite_all/eval"
+"$PY" -m bench.selection_bench --run "$OUT/suite_all/sim/tuned-mbr" --data "$OUT/data" --tasks "$OUT/tasks_all" \
+    --out "$OUT/selection" --against tuned="$E/tuned" stats="$E/stats" nearest-centroid="$E/nearest-centroid"
