@@ -1,6 +1,7 @@
 """What each candidate pool adds: re-choose the reviews of a ``tuned-mbr`` run (every prediction keeps
-its pool) from the generated candidates only, the retrieved ones only, or both, with each sentiment
-weight, and score every variant with the shared evaluator. The weight of each pool is cross-fitted:
+its pool) under each pool of agents.review.select.POOLS (generated only, retrieved only, both, and real
+or generated reviews judged against every candidate), with each sentiment weight, and score every
+variant with the shared evaluator. The weight of each pool is cross-fitted:
 the tasks are split in two folds by a hash of their id, and each fold gets the weight that scored best
 on the *other* fold's ground truth, so no task's own truth chooses anything for it.
 
@@ -148,7 +149,9 @@ def main(argv: list[str] | None = None) -> dict:
             f"{f['star_wasserstein']:.3f} | {f['length_ks']:.3f} | {f['distinct_2']:.3f} | {f['repeated_share']:.1%} | "
             f"{f['copied_share']:.1%} | {real} | {weights} |"
         )
-    pairs = [("both", "retrieved"), ("both", "generated"), ("generated", "retrieved")]
+    # does the LLM add anything over the real reviews: as choices (both), as evidence (retrieved-vs-all)
+    pairs = [("both", "retrieved"), ("retrieved-vs-all", "retrieved"), ("both", "generated")]
+    pairs += [("generated-vs-all", "generated"), ("generated", "retrieved")]
     pairs += [(p, ref) for p in POOLS for ref in references]
     claims = ["| claim | metric | difference | 95% CI (paired BCa) | n |", "|---|---|---|---|---|"]
     paired = {}

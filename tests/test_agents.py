@@ -663,14 +663,20 @@ def test_hf_backend_constrained_answers_follow_the_format_even_from_a_random_mod
 
 
 @pytest.mark.slow
-def test_suite_scores_the_stats_agent_against_both_baselines(yelp_store, yelp_tasks, tmp_path):
-    table, agents, claims = suite.run_suite(yelp_store, yelp_tasks, tmp_path, adapter=None, kinds=("stats",))
+def test_suite_scores_the_stats_agent_against_the_baselines(yelp_store, yelp_tasks, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    table, agents, claims = suite.run_suite(
+        yelp_store, yelp_tasks, tmp_path, adapter=None, kinds=("stats",), wandb="offline"
+    )
     lines = table.splitlines()
     assert [line.split("|")[1].strip() for line in lines[2:]] == [*baselines.KINDS, "stats"]
     assert "| stats | 20/20 |" in agents
     assert "| stats > user-mean | preference_estimation |" in claims
     for name in ("compare.md", "compare.png", "agents.md", "claims.md"):
         assert (tmp_path / name).stat().st_size > 0
+    assert "| stars W1 |" in table and "| copied |" in table  # the fidelity columns, with the store given
+    # one W&B run per evaluation (3 baselines, stats) and one for the suite's tables
+    assert len(list(tmp_path.rglob("offline-run-*"))) == 5
     with pytest.raises(SystemExit, match="--adapter"):
         suite.run_suite(yelp_store, yelp_tasks, tmp_path / "t", adapter=None, kinds=("tuned",))
 

@@ -80,6 +80,9 @@ def test_mbr_picks_the_candidate_the_others_agree_with_and_weighs_sentiment():
     assert mbr_index(e, sentiments, 0.9, 1.0) == 0
     assert mbr_index(e, sentiments, 0.9, 0.0) == 1  # sentiment off: agreement alone
     assert mbr_index(e[:1], sentiments[:1], 0.0, 1.0) == 0
+    # choosing only among rows 0 and 2, each still judged against all three: row 0 (risk 0.15 vs 0.175)
+    assert mbr_index(e, sentiments, 0.9, 1.0, choose=[0, 2]) == 0
+    assert mbr_index(e, np.zeros(3), 0.0, 1.0, choose=[2]) == 2
     with pytest.raises(ValueError):
         mbr_index(np.zeros((0, 2)), np.zeros(0), 0.0, 1.0)
 
@@ -105,7 +108,7 @@ class SamplingLLM:
         return [f"stars: 4\nreview: {kind} text number {i}" for i in range(len(conversations))]
 
 
-@pytest.mark.parametrize("pool", ["generated", "retrieved", "both"])
+@pytest.mark.parametrize("pool", ["generated", "retrieved", "both", "retrieved-vs-all"])
 def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
     pool, yelp_store, tmp_path, make_tasks, monkeypatch
 ):
@@ -122,6 +125,7 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
         "generated": {"llm", "sample"},
         "retrieved": {"user", "item"},
         "both": {"llm", "sample", "user", "item"},
+        "retrieved-vs-all": {"user", "item"},
     }
     for task, p in zip(tasks, predictions, strict=True):
         sources = [c["source"] for c in p.candidates]
@@ -131,7 +135,7 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
         older |= {r["text"] for r in store.get_reviews(item_id=task["item_id"], before=task["ts"])}
         assert all(c["text"] in older for c in p.candidates if c["source"] in ("user", "item"))
         if p.counts["empty_pool"]:  # retrieved only, with nothing to retrieve: the LLM's answer
-            assert pool == "retrieved" and sources == sources[:4] and p.chosen == 0
+            assert pool.startswith("retrieved") and sources == sources[:4] and p.chosen == 0
         else:
             assert p.candidates[p.chosen]["source"] in allowed[pool]
     assert agent.llm.calls == [0.0, 0.8]  # one greedy pass, one sampling pass per batch

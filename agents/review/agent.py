@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from agents.llm import Constraint, LLMConfig, Sampling, load_llm
 from agents.retrieval import Retriever
-from agents.review.select import POOLS, SentimentByStars, mbr_index
+from agents.review.select import POOLS, SentimentByStars, choose
 from agents.review.stars import StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
 from data_prep.store import to_epoch
@@ -415,12 +415,12 @@ class ReviewAgent:
             p.candidates = [
                 {"text": t, "source": s, "vader": float(x)} for (t, s), x in zip(pool, c, strict=True)
             ]
-            keep = [i for i, (_, s) in enumerate(pool) if s in POOLS[self.config.pool]]
-            if not keep:  # e.g. retrieved only, for a user with no history: the LLM's answer
-                p.counts["empty_pool"] += 1
-                keep = [0]
             target = self.sentiment.expected(p.stars, self.before(task))
-            p.chosen = keep[mbr_index(v[keep], c[keep], target, self.config.sentiment_weight)]
+            sources = [s for _, s in pool]
+            p.chosen = choose(sources, v, c, target, self.config.sentiment_weight, self.config.pool)
+            if p.chosen is None:  # e.g. retrieved only, for a user with no history: the LLM's answer
+                p.counts["empty_pool"] += 1
+                p.chosen = 0
             p.review = pool[p.chosen][0]
 
     def ask(self, contexts: list[dict]) -> list[Answer]:

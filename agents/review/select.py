@@ -12,6 +12,11 @@ cos is on unit all-MiniLM-L6-v2 embeddings (the agent's retrieval encoder); the 
 for a number of stars is the mean over the store's reviews with those stars strictly older than the
 task (time-aware; all of them under official visibility), from ``SentimentByStars``. A pool of one is
 that one. Ties go to the earlier candidate (the pool's order: llm, samples, user, item).
+
+A pool names the sources a review may be chosen from and the sources that serve as pseudo-references:
+``generated``, ``retrieved`` and ``both`` choose among the references themselves; ``retrieved-vs-all``
+chooses a real review judged against every candidate (the LLM's texts only as evidence), and
+``generated-vs-all`` a generated one judged against every candidate.
 """
 
 from __future__ import annotations
@@ -24,20 +29,53 @@ import numpy as np
 SOURCES = ("llm", "sample", "user", "item")
 GENERATED = ("llm", "sample")
 RETRIEVED = ("user", "item")
-POOLS = {"generated": GENERATED, "retrieved": RETRIEVED, "both": SOURCES}
+# pool -> (the sources a review may be chosen from, the sources that are pseudo-references)
+POOLS = {
+    "generated": (GENERATED, GENERATED),
+    "retrieved": (RETRIEVED, RETRIEVED),
+    "both": (SOURCES, SOURCES),
+    "retrieved-vs-all": (RETRIEVED, SOURCES),
+    "generated-vs-all": (GENERATED, SOURCES),
+}
 
 
-def mbr_index(embeddings: np.ndarray, sentiments: np.ndarray, target: float, sentiment_weight: float) -> int:
-    """The candidate of least risk (above); embeddings unit rows, sentiments VADER compounds."""
+def mbr_index(
+    embeddings: np.ndarray,
+    sentiments: np.ndarray,
+    target: float,
+    sentiment_weight: float,
+    choose: list[int] | None = None,
+) -> int:
+    """The row of least risk (above) among ``choose`` (default: every row), each judged against every
+    other row; embeddings unit rows, sentiments VADER compounds."""
     n = len(embeddings)
-    if n == 0:
+    rows = list(range(n)) if choose is None else list(choose)
+    if not rows:
         raise ValueError("MBR needs at least one candidate")
     if n == 1:
-        return 0
-    cosine = embeddings @ embeddings.T
-    topic = ((1.0 - cosine).sum(axis=1) - (1.0 - np.diag(cosine))) / (n - 1) / 2
-    risk = 0.5 * topic + sentiment_weight * 0.25 * np.abs(np.asarray(sentiments) - target) / 2
-    return int(np.argmin(risk))
+        return rows[0]
+    cosine = embeddings[rows] @ embeddings.T
+    distance = (1.0 - cosine) / 2
+    topic = (distance.sum(axis=1) - distance[np.arange(len(rows)), rows]) / (n - 1)
+    risk = 0.5 * topic + sentiment_weight * 0.25 * np.abs(np.asarray(sentiments)[rows] - target) / 2
+    return rows[int(np.argmin(risk))]
+
+
+def choose(
+    sources: list[str],
+    embeddings: np.ndarray,
+    sentiments: np.ndarray,
+    target: float,
+    weight: float,
+    pool: str,
+) -> int | None:
+    """The index of the chosen candidate under ``pool`` (POOLS); None when none may be chosen."""
+    allowed, references = POOLS[pool]
+    rows = [i for i, s in enumerate(sources) if s in allowed or s in references]
+    pick = [k for k, i in enumerate(rows) if sources[i] in allowed]
+    if not pick:
+        return None
+    return rows[mbr_index(embeddings[rows], np.asarray(sentiments)[rows], target, weight, pick)]
 
 
 class SentimentByStars:
@@ -75,13 +113,12 @@ def reselect(
     out = []
     for row, target in zip(rows, targets, strict=True):
         candidates = row["candidates"]
-        keep = [i for i, c in enumerate(candidates) if c["source"] in POOLS[pool]]
         new = {k: v for k, v in row.items() if k not in ("candidates", "chosen", "chosen_source")}
-        if not keep:
-            keep, new["empty_pool"] = [0], True
-        v = np.stack([vectors[candidates[i]["text"]] for i in keep])
-        s = np.array([candidates[i]["vader"] for i in keep])
-        chosen = keep[mbr_index(v, s, target, sentiment_weight)]
+        v = np.stack([vectors[c["text"]] for c in candidates])
+        s = np.array([c["vader"] for c in candidates])
+        chosen = choose([c["source"] for c in candidates], v, s, target, sentiment_weight, pool)
+        if chosen is None:
+            chosen, new["empty_pool"] = 0, True
         new.update(
             review=candidates[chosen]["text"], chosen=chosen, chosen_source=candidates[chosen]["source"]
         )
