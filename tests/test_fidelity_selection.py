@@ -131,6 +131,7 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
         sources = [c["source"] for c in p.candidates]
         assert sources[:4] == ["llm", "sample", "sample", "sample"]
         assert p.review == p.candidates[p.chosen]["text"]
+        assert p.counts["llm_answers"] == 1 and p.counts["samples_cut_short"] == 0  # the answer's counts kept
         older = {r["text"] for r in store.get_reviews(user_id=task["user_id"], before=task["ts"])}
         older |= {r["text"] for r in store.get_reviews(item_id=task["item_id"], before=task["ts"])}
         assert all(c["text"] in older for c in p.candidates if c["source"] in ("user", "item"))

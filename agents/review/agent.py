@@ -145,9 +145,9 @@ class Prediction:
     unusable: list[str] = field(default_factory=list)  # LLM answers that could not be used, in order
     cut_short: bool = False  # the answer used stopped at max_new_tokens (its review may be truncated)
     star_model: str | None = None  # the star candidate (or blend) that gave the stars; None: the LLM's
+    counts: Counter = field(default_factory=Counter)  # this task's counts (COUNTS); a run sums them
     candidates: list[dict] | None = None  # mbr: the pool [{text, source, vader}]; the review is one of them
     chosen: int | None = None  # mbr: the index of the chosen candidate
-    counts: Counter = field(default_factory=Counter)  # this task's counts (COUNTS); a run sums them
 
 
 @dataclass
