@@ -3,8 +3,8 @@
     python -m agents.suite --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon \\
         --adapter runs/demo/sft/smollm2_lora --out runs/demo/suite/amazon
 
-For each agent config in configs/agents/ (stats, asc-baseline, retrieval-llm, tuned; tuned-mbr on
-request): agents.simulate into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline
+For each agent config in configs/agents/ (stats, asc-baseline, retrieval-llm, tuned, tuned-mbr):
+agents.simulate into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline
 unless --backend official, with the fidelity report) into OUT/eval/KIND. The model-free baselines (each
 user's previous review; the user's mean stars; the item's review nearest the centroid of the user's
 reviews, eval.baselines) are scored too. Writes OUT/compare.md and compare.png (eval.review --compare:
@@ -34,7 +34,7 @@ from eval import baselines, review, tracking
 from eval.metrics import paired_bootstrap
 
 KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned", "tuned-mbr")
-DEFAULT_KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
+DEFAULT_KINDS = KINDS  # tuned-mbr: what won on the held-out tasks (bench/README.md, issue 13)
 CONFIGS = REPO_ROOT / "configs" / "agents"
 # (a, b, metric): the claims the suite checks, each as a paired difference over the same tasks
 CLAIMS = (
