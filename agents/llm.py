@@ -351,13 +351,18 @@ class VLLMBackend:
             else:
                 structured = StructuredOutputsParams(regex=constraint.regex())
             extra["structured_outputs"] = structured
-        params = SamplingParams(
-            max_tokens=sampling.max_new_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            **extra,
-        )
+        # one seed per request (seed + its index), so identical prompts in a batch (several samples of
+        # one prompt) sample independently, as the hf backend's rows do
+        params = [
+            SamplingParams(
+                max_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=sampling.seed + i,
+                **extra,
+            )
+            for i in range(len(conversations))
+        ]
         outputs = self.engine.chat(conversations, params, lora_request=self.lora, use_tqdm=False)
         self.cut_short = [o.outputs[0].finish_reason == "length" for o in outputs]
         self.usage = [(len(o.prompt_token_ids), len(o.outputs[0].token_ids)) for o in outputs]
@@ -420,7 +425,7 @@ class OpenAIBackend:
         self.structured = True  # until the server refuses response_format
 
     def _one(
-        self, client, conversation: list[dict], sampling: Sampling, constraint: Constraint | None
+        self, client, conversation: list[dict], sampling: Sampling, constraint: Constraint | None, index: int
     ) -> tuple[str, bool, tuple[int, int] | None]:
         from openai import BadRequestError
 
@@ -430,7 +435,7 @@ class OpenAIBackend:
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
-            "seed": sampling.seed,
+            "seed": sampling.seed + index,  # per request: identical prompts sample independently
         }
         if constraint is not None and self.structured:
             schema = {"name": f"{constraint.kind}_answer", "schema": constraint.json_schema(), "strict": True}
@@ -456,7 +461,12 @@ class OpenAIBackend:
         clients = [self.clients[i % len(self.clients)] for i in range(len(conversations))]
         with ThreadPoolExecutor(self.concurrency * len(self.clients)) as pool:
             answers = list(
-                pool.map(lambda k, c: self._one(k, c, sampling, constraint), clients, conversations)
+                pool.map(
+                    lambda k, c, i: self._one(k, c, sampling, constraint, i),
+                    clients,
+                    conversations,
+                    range(len(conversations)),
+                )
             )
         self.cut_short = [cut for _, cut, _ in answers]
         self.usage = [used for _, _, used in answers]

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from agents.retrieval import Retriever
-from agents.review.select import POOLS, SentimentByStars, reselect
+from agents.review.select import POOLS, RETRIEVED, SentimentByStars, reselect
 from data_prep.provenance import provenance
 from data_prep.store import ReviewStore, to_epoch
 from data_prep.tasks import read_targets
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
         predictions = write(args.out / f"{pool}.jsonl", merged)
         (args.out / f"{pool}.summary.json").write_text(json.dumps({"visibility": summary["visibility"]}))
         results[pool] = score(args.tasks, predictions, args.out / "eval" / pool, args.data)
-        real = sum(r["chosen_source"] in ("user", "item") for r in merged)
+        real = sum(r["chosen_source"] in RETRIEVED for r in merged)
         chosen_weights[pool]["real_reviews_chosen"] = real / len(merged)
     references = dict(item.split("=", 1) for item in args.against)
     table = [

@@ -8,6 +8,8 @@ training and the evaluation of one model side by side; ``--wandb-project`` / ``-
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from pathlib import Path
 
 from eval.predictions import summary_path
@@ -54,16 +56,24 @@ def log_run(
     import wandb
 
     out.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(
-        mode=mode,
-        project=where["project"],
-        group=where["group"],
-        name=name,
-        job_type="evaluation",
-        dir=str(out),
-        config=config,
-        reinit="create_new",
-    )
+    # a training run in the same process (train.sft) leaves its run id, group and resume mode in the
+    # environment: an evaluation is a new run of its own, never a resumption of that one
+    names = ("WANDB_RUN_ID", "WANDB_RUN_GROUP", "WANDB_RESUME")
+    inherited = {k: os.environ.pop(k) for k in names if k in os.environ}
+    try:
+        run = wandb.init(
+            mode=mode,
+            project=where["project"],
+            group=where["group"],
+            name=name,
+            id=uuid.uuid4().hex[:16],
+            job_type="evaluation",
+            dir=str(out),
+            config=config,
+            reinit="create_new",
+        )
+    finally:
+        os.environ.update(inherited)
     logged = {key: wandb.Image(str(path)) for key, path in images.items() if Path(path).exists()}
     for key, rows in tables.items():
         if rows:

@@ -190,6 +190,10 @@ def test_several_api_keys_take_the_requests_in_turn_and_usage_is_reported(server
     assert backend.generate(conversations, Sampling()) == [f"stars: 4\nreview: {i}" for i in range(6)]
     assert sorted(Scripted.seen) == ["Bearer sk-a"] * 3 + ["Bearer sk-b"] * 3
     assert backend.usage == [(7, 3)] * 6 and backend.info["keys"] == 2
+    # one seed per request (seed + index), so several samples of one prompt are not the same sample
+    assert sorted((b["messages"][0]["content"], b["seed"]) for b in Scripted.bodies) == [
+        (str(i), i) for i in range(6)
+    ]
     assert "sk-a" not in json.dumps(backend.info) and "sk-b" not in json.dumps(backend.info)
     monkeypatch.delenv("TEST_KEY_B")
     with pytest.raises(SystemExit, match="TEST_KEY_B"):  # every named key must be set
@@ -258,7 +262,14 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
     assert [dict(p.counts) for p in predictions] == [
         {**zero, "llm_answers": 1},
         {**zero, "llm_answers": 1, "parse_failures": 1, "retries": 1, "retry_successes": 1},
-        {**zero, "llm_answers": 1, "parse_failures": 1, "retries": 1, "fallbacks": 1},
+        {
+            **zero,
+            "llm_answers": 1,
+            "parse_failures": 1,
+            "retries": 1,
+            "fallbacks": 1,
+            "retrieved_fallback_review": 1,
+        },
         {**zero, "llm_answers": 1},
     ]
     assert "exactly two lines" in fake.calls[1][0][-1]["content"]  # the stricter instruction
@@ -745,17 +756,20 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
     assert backend.usage == [(11, 1), (14, 4)]  # prompt and answer tokens per answer
     assert seen["engine"]["enable_lora"] and seen["engine"]["max_lora_rank"] == 16
     assert seen["lora"] == ("adapter", 1, str(adapter))
-    assert seen["params"] == {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 3}
+    assert seen["params"] == [  # one seed per request: identical prompts would sample independently
+        {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 3},
+        {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 4},
+    ]
     conversation = [[{"role": "user", "content": "a"}]]
     backend.generate(conversation, Sampling(), constraint=Constraint.answer(30))
-    assert seen["params"]["structured_outputs"] == (
+    assert seen["params"][0]["structured_outputs"] == (
         "structured",
         {"regex": "stars: [1-5]\\nreview: [^\\n]{1,30}"},
     )
     backend.generate(conversation, Sampling(), constraint=Constraint.choice(["a", "b"]))
-    assert seen["params"]["structured_outputs"] == ("structured", {"choice": ["a", "b"]})
+    assert seen["params"][0]["structured_outputs"] == ("structured", {"choice": ["a", "b"]})
     backend.generate(conversation, Sampling(), constraint=Constraint.json({"type": "object"}))
-    assert seen["params"]["structured_outputs"] == ("structured", {"json": {"type": "object"}})
+    assert seen["params"][0]["structured_outputs"] == ("structured", {"json": {"type": "object"}})
     with pytest.raises(ValueError, match="above vLLM"):
         vllm_lora_rank(1024)
 

@@ -130,6 +130,10 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
     for task, p in zip(tasks, predictions, strict=True):
         sources = [c["source"] for c in p.candidates]
         assert sources[:4] == ["llm", "sample", "sample", "sample"]
+        k = tasks.index(task)  # each task gets its own samples: rows 3k .. 3k+2 of the sampling call
+        assert [c["text"] for c in p.candidates[1:4]] == [
+            f"sampled text number {3 * k + j}" for j in range(3)
+        ]
         assert p.review == p.candidates[p.chosen]["text"]
         assert p.counts["llm_answers"] == 1 and p.counts["samples_cut_short"] == 0  # the answer's counts kept
         older = {r["text"] for r in store.get_reviews(user_id=task["user_id"], before=task["ts"])}

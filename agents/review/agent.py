@@ -344,6 +344,7 @@ class ReviewAgent:
                 source = "fallback"
                 if not (review and review.strip()):
                     review, cut_short = self.fallback_review(ctx), False
+                    counts["retrieved_fallback_review"] += 1  # the text is a real review, not the LLM's
             counts["cut_short"] += cut_short
             out.append(
                 Prediction(
@@ -403,7 +404,8 @@ class ReviewAgent:
         for ctx, p, drawn, n_cut in zip(contexts, predictions, samples, cut, strict=True):
             p.counts["unusable_samples"] += self.config.samples - len(drawn)
             p.counts["samples_cut_short"] += n_cut
-            first = "fallback" if p.source == "fallback" else "llm"  # a fallback is a retrieved review
+            # the answer's text is the LLM's, unless it had none and a retrieved review stood in
+            first = "fallback" if p.counts["retrieved_fallback_review"] else "llm"
             pools.append([(p.review, first), *((s, "sample") for s in drawn), *self.retrieved(ctx)])
         texts = [t for pool in pools for t, _ in pool]
         vectors = self.retriever.embed(texts)

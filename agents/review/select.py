@@ -26,9 +26,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-SOURCES = ("llm", "sample", "user", "item")
+# fallback: a retrieved review standing in for an LLM answer that had no text (a real review)
+SOURCES = ("llm", "sample", "user", "item", "fallback")
 GENERATED = ("llm", "sample")
-RETRIEVED = ("user", "item")
+RETRIEVED = ("user", "item", "fallback")
 # pool -> (the sources a review may be chosen from, the sources that are pseudo-references)
 POOLS = {
     "generated": (GENERATED, GENERATED),

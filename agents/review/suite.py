@@ -108,20 +108,23 @@ def claims_table(eval_root: Path, names: list[str]) -> str:
     return "\n".join(rows)
 
 
-def score(tasks: Path, predictions: Path, out: Path, backend: str, data: Path, wandb: str = "off") -> Path:
-    argv = [
-        "--tasks",
-        tasks,
-        "--predictions",
-        predictions,
-        "--out",
-        out,
-        "--backend",
-        backend,
-        "--data",
-        data,
-    ]
-    review.main([*map(str, argv), "--wandb", wandb, "--name", out.name])
+def score(
+    tasks: Path,
+    predictions: Path,
+    out: Path,
+    backend: str,
+    data: Path,
+    wandb: str = "off",
+    where: dict | None = None,
+) -> Path:
+    """eval.review on one prediction file (with the store, for the fidelity report's copy share);
+    ``where``: the W&B project and group to log into."""
+    argv = ["--tasks", tasks, "--predictions", predictions, "--out", out, "--backend", backend]
+    argv += ["--data", data, "--wandb", wandb, "--name", out.name]
+    for flag, key in (("--wandb-project", "project"), ("--wandb-group", "group")):
+        if (where or {}).get(key):
+            argv += [flag, where[key]]
+    review.main([str(a) for a in argv])
     return out / "results.json"
 
 
@@ -140,6 +143,7 @@ def run_suite(
     if {"tuned", "tuned-mbr"} & set(kinds) and adapter is None:
         raise SystemExit("error: the tuned agent needs --adapter (a train.sft output folder)")
     scored: dict[str, Path] = {}
+    where = tracking.target(adapter)  # every evaluation in the tuned adapter's W&B project and group
     for kind in baselines.KINDS:
         predictions = out / "baselines" / f"{kind}.jsonl"
         print(f"\n--- baseline {kind}")
@@ -156,7 +160,7 @@ def run_suite(
                 visibility,
             ]
         )
-        scored[kind] = score(tasks, predictions, out / "eval" / kind, backend, data, wandb)
+        scored[kind] = score(tasks, predictions, out / "eval" / kind, backend, data, wandb, where)
     runs = {}
     for kind in kinds:
         print(f"\n--- agent {kind} (configs/agents/{kind}.yaml)")
@@ -168,7 +172,9 @@ def run_suite(
         if kind.startswith("tuned"):
             args += ["--adapter", str(adapter)]
         simulate.main(args)
-        scored[kind] = score(tasks, run / "predictions.jsonl", out / "eval" / kind, backend, data, wandb)
+        scored[kind] = score(
+            tasks, run / "predictions.jsonl", out / "eval" / kind, backend, data, wandb, where
+        )
         runs[kind] = run
     print("\n--- comparison (shared evaluator)")
     table = review.main(["--compare", *map(str, scored.values()), "--names", *scored, "--out", str(out)])
@@ -179,7 +185,7 @@ def run_suite(
     print(f"\n{agents}\n\n{claims}\n-> {out}/compare.md, compare.png, agents.md, claims.md")
     tracking.log_run(
         wandb,
-        tracking.target(adapter),
+        where,
         f"suite-{out.name}",
         out,
         {},
