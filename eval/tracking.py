@@ -83,6 +83,9 @@ def log_run(
     run.summary.update(summary)
     folder = run.dir
     run.finish()
+    # wandb keeps process-wide settings, read from the environment at its first use: drop them, so a
+    # later run in this process (a training's, with its own WANDB_* variables) reads them afresh
+    wandb.teardown()
     return str(Path(folder).parent)
 
 
