@@ -156,6 +156,33 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
     assert [r["chosen"] for r in again] == [p.chosen for p in predictions]
 
 
+def test_stats_mbr_chooses_among_retrieved_reviews_without_an_llm(
+    yelp_store, tmp_path, make_tasks, monkeypatch
+):
+    monkeypatch.setattr(agent_module, "load_llm", None)  # calling it would fail
+    tasks_dir = make_tasks(yelp_store, tmp_path / "tasks", n=6, seed=2)
+    config = AgentConfig(
+        kind="stats", selection="mbr", candidates_user=2, candidates_item=2, pool="retrieved"
+    )
+    store = ReviewStore.open(yelp_store, tasks=tasks_dir)
+    agent = ReviewAgent(config, None, store, encoder=lambda t: hashed_bag_of_words(t, 64))
+    targets = read_targets(tasks_dir)
+    tasks = [{**t, "ts": targets[t["task_id"]]["ts"]} for t in read_tasks(tasks_dir)]
+    for task, p in zip(tasks, agent.predict(tasks), strict=True):
+        assert {c["source"] for c in p.candidates} <= {
+            "user",
+            "item",
+            "fallback",
+        } and p.review == p.candidates[p.chosen]["text"]
+        older = {r["text"] for r in store.get_reviews(user_id=task["user_id"], before=task["ts"])}
+        older |= {r["text"] for r in store.get_reviews(item_id=task["item_id"], before=task["ts"])}
+        assert p.review in older
+    with pytest.raises(ValueError, match="no LLM"):
+        ReviewAgent(
+            AgentConfig(kind="stats", selection="mbr", pool="both"), None, store, encoder=hashed_bag_of_words
+        )
+
+
 def test_review_eval_logs_to_wandb_offline_into_the_adapters_group(
     yelp_store, tmp_path, make_tasks, monkeypatch, offline_scorers
 ):

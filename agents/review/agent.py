@@ -195,8 +195,14 @@ class ReviewAgent:
             raise ValueError("item_candidates must be at least 1")
         if config.selection not in ("answer", "mbr") or config.pool not in POOLS:
             raise ValueError(f"selection is answer or mbr, pool one of {tuple(POOLS)}")
-        if config.selection == "mbr" and (config.kind == "stats" or encoder is None):
-            raise ValueError("selection: mbr needs an LLM agent and the embedding retrieval")
+        if config.selection == "mbr" and encoder is None:
+            raise ValueError("selection: mbr needs the embedding retrieval")
+        if (
+            config.selection == "mbr"
+            and config.kind == "stats"
+            and (config.samples or config.pool != "retrieved")
+        ):
+            raise ValueError("the stats agent has no LLM: selection mbr needs pool: retrieved and samples: 0")
         self.config, self.store = config, store
         self.retriever = Retriever(encoder if config.retrieval == "embedding" else None)
         self.llm = load_llm(llm_config) if config.kind != "stats" else None
@@ -316,7 +322,7 @@ class ReviewAgent:
         moments = [self.star_moment(t) for t in tasks]
         if self.llm is None:
             stars, names = self.stars.predict(users, items, moments)
-            return [
+            out = [
                 Prediction(
                     t["task_id"],
                     t["user_id"],
@@ -328,6 +334,9 @@ class ReviewAgent:
                 )
                 for t, c, s, n in zip(tasks, contexts, stars, names, strict=True)
             ]
+            if self.config.selection == "mbr":  # among retrieved real reviews only (no LLM)
+                self.select(tasks, contexts, out)
+            return out
         answers = self.ask(contexts)
         llm_stars = [a.stars if a.stars is not None and 1 <= a.stars <= 5 else None for a in answers]
         if self.config.kind == "tuned":  # calibrated stars, blended with the LLM's where validation says so
@@ -404,9 +413,12 @@ class ReviewAgent:
         for ctx, p, drawn, n_cut in zip(contexts, predictions, samples, cut, strict=True):
             p.counts["unusable_samples"] += self.config.samples - len(drawn)
             p.counts["samples_cut_short"] += n_cut
-            # the answer's text is the LLM's, unless it had none and a retrieved review stood in
+            # the answer's text is the LLM's, unless it had none and a retrieved review stood in; the
+            # stats agent (no LLM) has no answer: its pool is the retrieved reviews
             first = "fallback" if p.counts["retrieved_fallback_review"] else "llm"
-            pools.append([(p.review, first), *((s, "sample") for s in drawn), *self.retrieved(ctx)])
+            answer = [] if p.source == "stats" else [(p.review, first)]
+            pool = [*answer, *((s, "sample") for s in drawn), *self.retrieved(ctx)]
+            pools.append(pool or [(p.review, "fallback")])  # nothing retrieved: its fallback review
         texts = [t for pool in pools for t, _ in pool]
         vectors = self.retriever.embed(texts)
         compounds = np.round(self.vader(texts), 4)  # as kept in the pool, so re-choosing offline agrees

@@ -3,7 +3,7 @@
     python -m agents.suite --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon \\
         --adapter runs/demo/sft/smollm2_lora --out runs/demo/suite/amazon
 
-For each agent config in configs/agents/ (stats, asc-baseline, retrieval-llm, tuned, tuned-mbr):
+For each agent config in configs/agents/ (stats, stats-mbr, asc-baseline, retrieval-llm, tuned, tuned-mbr):
 agents.simulate into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline
 unless --backend official, with the fidelity report) into OUT/eval/KIND. The model-free baselines (each
 user's previous review; the user's mean stars; the item's review nearest the centroid of the user's
@@ -33,7 +33,7 @@ from data_prep.paths import REPO_ROOT
 from eval import baselines, review, tracking
 from eval.metrics import paired_bootstrap
 
-KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned", "tuned-mbr")
+KINDS = ("stats", "stats-mbr", "asc-baseline", "retrieval-llm", "tuned", "tuned-mbr")
 DEFAULT_KINDS = KINDS  # tuned-mbr: what won on the held-out tasks (bench/README.md, issue 13)
 CONFIGS = REPO_ROOT / "configs" / "agents"
 # (a, b, metric): the claims the suite checks, each as a paired difference over the same tasks
@@ -47,6 +47,9 @@ CLAIMS = (
     ("tuned-mbr", "nearest-centroid", "review_generation"),
     ("tuned-mbr", "nearest-centroid", "overall"),
     ("tuned-mbr", "tuned", "review_generation"),
+    ("tuned-mbr", "stats-mbr", "review_generation"),
+    ("tuned-mbr", "stats-mbr", "overall"),
+    ("stats-mbr", "stats", "review_generation"),
     ("tuned", "user-mean", "overall"),
     ("tuned", "asc-baseline", "overall"),
     ("tuned", "retrieval-llm", "overall"),
@@ -167,7 +170,7 @@ def run_suite(
         run = out / "sim" / kind
         argv = ["--config", CONFIGS / f"{kind}.yaml", "--data", data, "--tasks", tasks, "--out", run]
         args = [*map(str, argv), "--visibility", visibility, *(["--overwrite", "true"] if overwrite else [])]
-        if kind != "stats":
+        if not kind.startswith("stats"):
             args += generation_args() if extra is None else extra
         if kind.startswith("tuned"):
             args += ["--adapter", str(adapter)]
