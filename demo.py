@@ -7,8 +7,8 @@
 2. hold out each of 50 users' latest review as an evaluation task (data_prep.split, leave-last-out);
 3. build leakage-proof training pairs from the rest (data_prep.pairs) and fine-tune a LoRA adapter on
    SmolLM2-135M-Instruct on the CPU (train.sft, configs/sft/smollm2_cpu.yaml), writing its loss curve;
-4. simulate the 50 held-out tasks with all five agents (stats, asc-baseline, retrieval-llm, tuned,
-   tuned-mbr) and three model-free baselines, score everything with the offline evaluator and its
+4. simulate the 50 held-out tasks with all six agents (stats, stats-mbr, asc-baseline, retrieval-llm,
+   tuned, tuned-mbr) and three model-free baselines, score everything with the offline evaluator and its
    fidelity report, print the comparison table and write its chart (agents.suite).
 
 Rerunning resumes or skips what is done; a step whose inputs changed (new code that builds other
