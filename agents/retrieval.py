@@ -91,6 +91,15 @@ class Retriever:
             scores = bm25_scores(query, texts)
         return [reviews[i] for i in top_indices(scores, k)]
 
+    def nearest_centroid(self, reviews: list[dict], candidates: list[dict], k: int) -> list[dict]:
+        """The k candidates nearest (cosine) the centroid of the reviews' unit embeddings, nearest
+        first, ties by position; needs an encoder."""
+        if k <= 0 or not reviews or not candidates:
+            return []
+        centroid = self.embed([r["text"] for r in reviews]).mean(axis=0)
+        scores = self.embed([r["text"] for r in candidates]) @ centroid
+        return [candidates[i] for i in top_indices(scores, k)]
+
     def rank_many(self, requests: list[tuple[str, list[dict], int]]) -> list[list[dict]]:
         """``rank`` for each (query, reviews, k), with all new texts encoded together first."""
         if self.encoder is not None:

@@ -25,8 +25,9 @@ import numpy as np
 
 from agents.retrieval import Retriever
 from agents.review.select import POOLS, RETRIEVED, SentimentByStars, reselect
+from agents.review.suite import per_task_terms
 from data_prep.provenance import provenance
-from data_prep.store import ReviewStore, to_epoch
+from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets
 from eval import review
 from eval.metrics import paired_bootstrap, per_task_scores
@@ -36,16 +37,6 @@ WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0)
 
 def fold(task_id) -> int:
     return hashlib.sha256(str(task_id).encode()).digest()[0] % 2
-
-
-def terms(eval_dir: Path) -> tuple[list, dict[str, np.ndarray]]:
-    rows = sorted(
-        map(json.loads, (eval_dir / "samples.jsonl").read_text().splitlines()), key=lambda r: r["task_id"]
-    )
-    ids = [r["task_id"] for r in rows]
-    return ids, {
-        t: np.array([r[f"{t}_error"] for r in rows]) for t in ("star", "sentiment", "emotion", "topic")
-    }
 
 
 def write(path: Path, rows: list[dict]) -> Path:
@@ -83,33 +74,30 @@ def main(argv: list[str] | None = None) -> dict:
         )
     summary = json.loads((args.run / "summary.json").read_text())
     official = summary["visibility"] == "official"
-    store = ReviewStore.open(args.data, tasks=args.tasks)
-    reviews = list(store.visible_reviews())
-    from eval.backends import VaderSentiment, packaged_minilm
+    from eval.backends import packaged_minilm
 
-    compounds = VaderSentiment(offline=True)([r["text"] for r in reviews])
-    by_stars = SentimentByStars(
-        (to_epoch(r["date"]), r["stars"], c) for r, c in zip(reviews, compounds, strict=True)
-    )
+    by_stars = SentimentByStars.from_store(ReviewStore.open(args.data, tasks=args.tasks))
     moments = read_targets(args.tasks)
     targets = [by_stars.expected(r["stars"], None if official else moments[r["task_id"]]["ts"]) for r in rows]
     texts = sorted({c["text"] for r in rows for c in r["candidates"]})
     print(f"embedding {len(texts)} candidate texts ...", flush=True)
     vectors = dict(zip(texts, Retriever(packaged_minilm("cpu", 64)).embed(texts), strict=True))
 
-    grid: dict[tuple[str, float], tuple[list, dict]] = {}
+    grid: dict[tuple[str, float], dict[str, np.ndarray]] = {}  # per-task terms of each variant
+    chosen: dict[tuple[str, float], list[dict]] = {}  # each variant's predictions, in the order of rows
     for pool in POOLS:
         for weight in WEIGHTS:
             name = f"{pool}_w{weight:g}"
-            predictions = write(
-                args.out / "grid" / f"{name}.jsonl", reselect(rows, vectors, targets, pool, weight)
-            )
+            chosen[pool, weight] = reselect(rows, vectors, targets, pool, weight)
+            predictions = write(args.out / "grid" / f"{name}.jsonl", chosen[pool, weight])
             (args.out / "grid" / f"{name}.summary.json").write_text(
                 json.dumps({"visibility": summary["visibility"]})
             )
-            grid[pool, weight] = terms(
+            grid[pool, weight] = per_task_terms(
                 score(args.tasks, predictions, args.out / "grid" / "eval" / name, args.data)
             )
+            if grid[pool, weight]["task_id"].tolist() != [r["task_id"] for r in rows]:
+                raise SystemExit(f"error: {name} was scored on other tasks than the run's")
     folds = np.array([fold(r["task_id"]) for r in rows])
     results, chosen_weights = {}, {}
     for pool in POOLS:
@@ -117,16 +105,11 @@ def main(argv: list[str] | None = None) -> dict:
         for k in (0, 1):  # the weight with the best review generation on the other fold
             other = folds != k
             weight_for[k] = max(
-                WEIGHTS, key=lambda w: per_task_scores(grid[pool, w][1], "review_generation")[other].mean()
+                WEIGHTS, key=lambda w: per_task_scores(grid[pool, w], "review_generation")[other].mean()
             )
         chosen_weights[pool] = {f"fold {k}": w for k, w in weight_for.items()}
-        by_weight = {
-            w: {r["task_id"]: r for r in reselect(rows, vectors, targets, pool, w)}
-            for w in set(weight_for.values())
-        }
         merged = [
-            dict(by_weight[weight_for[f]][r["task_id"]], sentiment_weight=weight_for[f])
-            for r, f in zip(rows, folds, strict=True)
+            dict(chosen[pool, weight_for[f]][i], sentiment_weight=weight_for[f]) for i, f in enumerate(folds)
         ]
         predictions = write(args.out / f"{pool}.jsonl", merged)
         (args.out / f"{pool}.summary.json").write_text(json.dumps({"visibility": summary["visibility"]}))
@@ -157,9 +140,8 @@ def main(argv: list[str] | None = None) -> dict:
     paired = {}
     every = {**results, **{k: Path(v) for k, v in references.items()}}
     for a, b in pairs:
-        ids_a, ta = terms(every[a])
-        ids_b, tb = terms(every[b])
-        if ids_a != ids_b:
+        ta, tb = per_task_terms(every[a]), per_task_terms(every[b])
+        if ta["task_id"].tolist() != tb["task_id"].tolist():
             raise SystemExit(f"error: {a} and {b} were scored on different tasks")
         for metric in ("review_generation", "overall"):
             d = paired_bootstrap(ta, tb, metric)

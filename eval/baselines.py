@@ -110,11 +110,8 @@ def nearest_centroid(todo: list[tuple[dict, list[dict], list[dict]]], encoder, c
     retriever.embed(texts)  # every text once, in one encoder call (cached for the lookups below)
     counts.setdefault("no_item_review", 0)
     for row, history, pool in todo:
-        centroid = retriever.embed([r["text"] for r in history]).mean(axis=0)
-        candidates = pool or history
         counts["no_item_review"] += not pool
-        scores = retriever.embed([r["text"] for r in candidates]) @ centroid
-        best = candidates[int(np.argmax(scores))]  # the first maximum: reviews are oldest first
+        (best,) = retriever.nearest_centroid(history, pool or history, 1)  # ties: the older (oldest first)
         row.update(stars=float(np.median([r["stars"] for r in history])), review=best["text"])
 
 

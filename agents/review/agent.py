@@ -39,7 +39,6 @@ from agents.retrieval import Retriever
 from agents.review.select import POOLS, SentimentByStars, choose
 from agents.review.stars import StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
-from data_prep.store import to_epoch
 
 KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
 # settings that only matter with selection: mbr
@@ -214,11 +213,7 @@ class ReviewAgent:
             from eval.backends import VaderSentiment
 
             self.vader = VaderSentiment(offline=True)
-            reviews = list(store.visible_reviews())
-            compounds = self.vader([r["text"] for r in reviews])
-            self.sentiment = SentimentByStars(
-                (to_epoch(r["date"]), r["stars"], c) for r, c in zip(reviews, compounds, strict=True)
-            )
+            self.sentiment = SentimentByStars.from_store(store)
 
     def llm_validation_stars(self, adapter: str | None) -> dict[str, float]:
         """The LLM's stars for the drawn validation reviews that its adapter did not train on, each
@@ -397,13 +392,7 @@ class ReviewAgent:
         """Real candidates: the user's own reviews most similar to the item, then the item's reviews
         nearest the centroid of the user's reviews (none without a user history)."""
         user = self.retriever.rank(ctx["item_text"], ctx["history"], self.config.candidates_user)
-        item = []
-        if ctx["history"] and ctx["item_pool"] and self.config.candidates_item:
-            centroid = self.retriever.embed([r["text"] for r in ctx["history"]]).mean(axis=0)
-            scores = self.retriever.embed([r["text"] for r in ctx["item_pool"]]) @ centroid
-            item = [
-                ctx["item_pool"][i] for i in np.argsort(-scores, kind="stable")[: self.config.candidates_item]
-            ]
+        item = self.retriever.nearest_centroid(ctx["history"], ctx["item_pool"], self.config.candidates_item)
         return [(r["text"], "user") for r in user] + [(r["text"], "item") for r in item]
 
     def select(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:

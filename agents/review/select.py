@@ -93,6 +93,16 @@ class SentimentByStars:
                 self.times[s].append(ts)
                 self.sums[s].append(self.sums[s][-1] + compound)
 
+    @classmethod
+    def from_store(cls, store) -> SentimentByStars:
+        """Over every review the store shows (task pairs blocked), scored with the offline VADER."""
+        from data_prep.store import to_epoch
+        from eval.backends import VaderSentiment
+
+        reviews = list(store.visible_reviews())
+        compounds = VaderSentiment(offline=True)([r["text"] for r in reviews])
+        return cls((to_epoch(r["date"]), r["stars"], c) for r, c in zip(reviews, compounds, strict=True))
+
     def expected(self, stars: float, before: int | None) -> float:
         """The mean compound of the reviews with round(stars) stars older than ``before`` (None: all);
         with none, the nearest star value that has some (ties: the lower), else 0."""

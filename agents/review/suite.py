@@ -90,10 +90,12 @@ def agents_table(runs: dict[str, Path]) -> str:
 
 
 def per_task_terms(eval_dir: Path) -> dict[str, np.ndarray]:
+    """The per-task error terms of an eval.review folder, by task id, with the ids (``task_id``)."""
     rows = sorted(
         map(json.loads, (eval_dir / "samples.jsonl").read_text().splitlines()), key=lambda r: r["task_id"]
     )
-    return {t: np.array([r[f"{t}_error"] for r in rows]) for t in ("star", "sentiment", "emotion", "topic")}
+    terms = {t: np.array([r[f"{t}_error"] for r in rows]) for t in ("star", "sentiment", "emotion", "topic")}
+    return {**terms, "task_id": np.array([r["task_id"] for r in rows])}
 
 
 def claims_table(eval_root: Path, names: list[str]) -> str:
