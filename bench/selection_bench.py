@@ -1,6 +1,7 @@
 """What each candidate pool adds: re-choose the reviews of a ``tuned-mbr`` run (every prediction keeps
-its pool) under each pool of agents.review.select.POOLS (generated only, retrieved only, both, and real
-or generated reviews judged against every candidate), with each sentiment weight, and score every
+its pool) under each pool of agents.review.select.POOLS (generated only, retrieved only, both, real
+or generated reviews judged against every candidate, and the agent's own answer without selection), with
+each sentiment weight, and score every
 variant with the shared evaluator. The weight of each pool is cross-fitted:
 the tasks are split in two folds by a hash of their id, and each fold gets the weight that scored best
 on the *other* fold's ground truth, so no task's own truth chooses anything for it.
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     # does the LLM add anything over the real reviews: as choices (both), as evidence (retrieved-vs-all)
     pairs = [("both", "retrieved"), ("retrieved-vs-all", "retrieved"), ("both", "generated")]
-    pairs += [("generated-vs-all", "generated"), ("generated", "retrieved")]
+    pairs += [("generated-vs-all", "generated"), ("generated", "retrieved"), ("both", "answer")]
     pairs += [(p, ref) for p in POOLS for ref in references]
     claims = ["| claim | metric | difference | 95% CI (paired BCa) | n |", "|---|---|---|---|---|"]
     paired = {}

@@ -2,6 +2,7 @@
 
     python -m data_prep.pairs --data runs/data/amazon --tasks runs/tasks/amazon --out runs/pairs/amazon
     python -m data_prep.pairs ... --k-user 5 --k-item 3 --max-examples 2000 --debug 2
+    python -m data_prep.pairs --data runs/data/amazon runs/data/yelp --tasks runs/tasks/amazon runs/tasks/yelp ...
 
 Every review the store shows (evaluation task pairs are blocked) whose user has at least --min-history
 strictly older reviews becomes one example: the prompt (data_prep.prompt.build_messages) shows the
@@ -13,6 +14,9 @@ targets (--before sets another moment), so no adapter learns from the test perio
 Writes PAIRS_DIR/dataset (a datasets.DatasetDict, conversational prompt/completion plus metadata),
 train.jsonl, validation.jsonl, card.json and README.md (counts, token-length percentiles, how it was
 made). --debug N prints N tokenised examples with the supervised tokens marked.
+
+Several ``--data`` folders (one ``--tasks`` folder each, in the same order) make one pair set from all
+of them: each store blocks its own tasks and keeps its own cutoff; the card lists every source.
 """
 
 from __future__ import annotations
@@ -123,9 +127,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--data", type=Path, nargs="+", required=True, help="one or more review stores")
     parser.add_argument(
-        "--tasks", type=Path, required=True, help="evaluation tasks: their pairs never appear"
+        "--tasks",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="evaluation tasks, one folder per --data: their pairs never appear",
     )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--k-user", type=int, default=5)
@@ -143,24 +151,43 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--debug", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
-    manifest_path = args.tasks / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    before = args.before or (manifest.get("cutoff") if manifest.get("strategy") == "temporal" else None)
+    if len(args.data) != len(args.tasks):
+        parser.error(
+            f"--data has {len(args.data)} folders and --tasks {len(args.tasks)}: give one task folder each"
+        )
 
     from datasets import Dataset, DatasetDict
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.tokenizer))
-    store = ReviewStore.open(args.data, tasks=args.tasks)
-    examples, counts = make_examples(
-        store,
-        tokenizer,
-        args.k_user,
-        args.k_item,
-        args.min_history,
-        args.max_tokens,
-        to_epoch(before) if before else None,
-    )
+    examples, counts, sources = [], {}, []
+    for data, tasks in zip(args.data, args.tasks, strict=True):
+        manifest_path = tasks / "manifest.json"
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+        before = args.before or (manifest.get("cutoff") if manifest.get("strategy") == "temporal" else None)
+        store = ReviewStore.open(data, tasks=tasks)
+        found, left_out = make_examples(
+            store,
+            tokenizer,
+            args.k_user,
+            args.k_item,
+            args.min_history,
+            args.max_tokens,
+            to_epoch(before) if before else None,
+        )
+        examples += found
+        counts = {k: counts.get(k, 0) + v for k, v in left_out.items()}
+        sources.append(
+            {
+                "dir": str(data),
+                "source_sha256": store.meta().get("source_sha256"),
+                "tasks": str(tasks),
+                "blocked_task_pairs": store.blocked,
+                "targets_before": before,
+                "examples": len(found),
+                "left_out": left_out,
+            }
+        )
     if not examples:
         raise SystemExit(f"error: no example qualifies ({counts}); lower --min-history or raise --max-tokens")
     sampled = len(examples)
@@ -197,16 +224,10 @@ def main(argv: list[str] | None = None) -> dict:
             k: getattr(args, k)
             for k in ("k_user", "k_item", "min_history", "max_tokens", "val_fraction", "max_examples", "seed")
         },
-        "data": {
-            "dir": str(args.data),
-            "source_sha256": store.meta().get("source_sha256"),
-            "blocked_task_pairs": store.blocked,
-        },
-        "tasks": str(args.tasks),
-        "targets_before": before,
+        "data": sources,
         "latest_target": max(e["date"] for e in examples),
-        "leakage_rules": "task (user, item) pairs blocked; every shown review strictly older than the target"
-        + (f"; only targets older than {before}" if before else ""),
+        "leakage_rules": "each store's task (user, item) pairs blocked; every shown review strictly older "
+        "than the target; with a temporal task folder (or --before), only targets older than its cutoff",
         "provenance": provenance(["datasets", "transformers"]),
     }
     (args.out / "card.json").write_text(json.dumps(card, indent=2))

@@ -40,7 +40,13 @@ def package_versions(names: list[str]) -> dict[str, str | None]:
     return versions
 
 
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|key|secret|password)[\w-]*$", re.IGNORECASE)
+# a flag is secret when one of its words (split at - and _) ends like a secret: --hf-token, --apikey,
+# --db_password; counts and names are not (--max-tokens, --tokenizer, --keyword)
+_SECRET_WORD = re.compile(r"^[a-z0-9]*(token|key|secret|password|passwd)$", re.IGNORECASE)
+
+
+def _is_secret_flag(flag: str) -> bool:
+    return flag.startswith("-") and any(_SECRET_WORD.match(w) for w in re.split(r"[-_]", flag.lstrip("-")))
 
 
 def redact(argv: list[str]) -> list[str]:
@@ -52,7 +58,7 @@ def redact(argv: list[str]) -> list[str]:
         if hide_next:
             out.append("***")
             hide_next = False
-        elif _SECRET_FLAG.match(flag):
+        elif _is_secret_flag(flag):
             out.append(f"{flag}=***" if equals else arg)
             hide_next = not equals
         else:

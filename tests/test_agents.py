@@ -692,6 +692,17 @@ def test_suite_scores_the_stats_agent_against_the_baselines(yelp_store, yelp_tas
         suite.run_suite(yelp_store, yelp_tasks, tmp_path / "t", adapter=None, kinds=("tuned",))
 
 
+def test_suite_passes_set_values_to_the_llm_agents_and_rejects_malformed_ones(monkeypatch):
+    seen = []
+    monkeypatch.setattr(suite, "run_suite", lambda *args: seen.append(args[5]))
+    base = ["--data", "d", "--tasks", "t", "--out", "o"]
+    suite.main([*base, "--set", "k_user=4", "prompt_tokens=512"])
+    assert seen[0] == [*suite.generation_args(), "--k_user", "4", "--prompt_tokens", "512"]
+    with pytest.raises(SystemExit):
+        suite.main([*base, "--set", "k_user"])
+    assert len(seen) == 1
+
+
 def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch):
     """vLLM needs a GPU, so a stand-in module records what the backend asks of it: engine arguments
     (max_lora_rank rounded up to a value vLLM accepts), the LoRA request, the sampling parameters."""

@@ -108,7 +108,7 @@ class SamplingLLM:
         return [f"stars: 4\nreview: {kind} text number {i}" for i in range(len(conversations))]
 
 
-@pytest.mark.parametrize("pool", ["generated", "retrieved", "both", "retrieved-vs-all"])
+@pytest.mark.parametrize("pool", ["generated", "retrieved", "both", "retrieved-vs-all", "answer"])
 def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
     pool, yelp_store, tmp_path, make_tasks, monkeypatch
 ):
@@ -126,6 +126,7 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
         "retrieved": {"user", "item"},
         "both": {"llm", "sample", "user", "item"},
         "retrieved-vs-all": {"user", "item"},
+        "answer": {"llm"},  # the agent without selection: its greedy answer, always
     }
     for task, p in zip(tasks, predictions, strict=True):
         sources = [c["source"] for c in p.candidates]
@@ -143,6 +144,8 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
             assert pool.startswith("retrieved") and sources == sources[:4] and p.chosen == 0
         else:
             assert p.candidates[p.chosen]["source"] in allowed[pool]
+        if pool == "answer":
+            assert p.chosen == 0
     assert agent.llm.calls == [0.0, 0.8]  # one greedy pass, one sampling pass per batch
     # re-choosing offline from the kept pools (bench/selection_bench.py) gives the agent's own choices
     rows = [

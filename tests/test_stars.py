@@ -107,6 +107,22 @@ def test_prequential_choice_uses_only_rows_older_than_the_moment():
     assert choice.mean_errors() == pytest.approx({"a": 0.45, "b": 0.15})
 
 
+def test_prequential_choice_with_z_needs_a_significant_paired_gain_over_the_fallback():
+    times = np.arange(1, 11)
+    errors = {
+        "model": np.full(10, 0.5),
+        "lucky": np.array([0.0, 0.7] * 5),  # mean 0.35, but its gain over the model swings +0.5 / -0.2
+        "steady": np.full(10, 0.4),  # mean 0.40, a gain of 0.1 on every row
+    }
+    plain = PrequentialChoice(times, errors, minimum=2, fallback="model")
+    assert plain.choose(np.array([11])) == ["lucky"]  # lowest mean error
+    strict = PrequentialChoice(times, errors, minimum=2, fallback="model", z=2.5)
+    # lucky: gain 0.15, standard error 0.12 -> not eligible; steady: gain 0.1 with no spread -> chosen
+    assert strict.choose(np.array([11])) == ["steady"]
+    noisy = PrequentialChoice(times, {"model": errors["model"], "lucky": errors["lucky"]}, 2, "model", z=2.5)
+    assert noisy.choose(np.array([3, 11])) == ["model", "model"]
+
+
 def test_star_model_predicts_at_each_task_moment_and_reports_its_choice():
     rng = random.Random(1)
     high = lambda k: k % 40 >= 20  # noqa: E731 (users 20-39 rate one star higher)

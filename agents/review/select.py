@@ -16,7 +16,9 @@ that one. Ties go to the earlier candidate (the pool's order: llm, samples, user
 A pool names the sources a review may be chosen from and the sources that serve as pseudo-references:
 ``generated``, ``retrieved`` and ``both`` choose among the references themselves; ``retrieved-vs-all``
 chooses a real review judged against every candidate (the LLM's texts only as evidence), and
-``generated-vs-all`` a generated one judged against every candidate.
+``generated-vs-all`` a generated one judged against every candidate. ``answer`` is the agent's own
+answer (the LLM's greedy one, or the retrieved review that stood in for it): the agent without selection,
+so one MBR run also scores the plain tuned agent.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ POOLS = {
     "both": (SOURCES, SOURCES),
     "retrieved-vs-all": (RETRIEVED, SOURCES),
     "generated-vs-all": (GENERATED, SOURCES),
+    "answer": (("llm", "fallback"), ("llm", "fallback")),
 }
 
 

@@ -28,7 +28,10 @@ reviews after t (a flood of later 1-star reviews) changes nothing that a predict
 
 **LLM blends** (the tuned agent): the LLM's stars for some validation rows (``set_llm_validation``)
 make blends ``w * model + (1 - w) * LLM`` (w in 0, 1/4, 1/2, 3/4; raw and rounded) compete against the
-model alone on those rows, again only on rows older than the task.
+model alone on those rows, again only on rows older than the task. A blend is used only where validation
+says so: its paired gain over the model alone on those rows has a one-sided lower bound above zero
+(normal approximation, Bonferroni over the 8 blends, ``BLEND_Z``); a lower mean error on a handful of
+rows is not enough.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ BLEND_WEIGHTS = (0.0, 0.25, 0.5, 0.75)  # weight of the model; 0 = the LLM's sta
 DEFAULT = "user_mean_shrink3"  # used while too few validation rows precede a task
 EMPTY_PRIOR = 3.0  # mu before the first rating of the store
 MEDIAN_GRID = np.arange(1.0, 5.01, 0.5)  # the median counts ratings on the half-star grid of 1-5
+BLEND_Z = 2.4977  # one-sided 95% with Bonferroni over the 8 blends: the normal quantile of 1 - 0.05/8
 
 
 def errors(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -160,9 +164,20 @@ class History:
 
 class PrequentialChoice:
     """For a moment t, the option with the lowest mean error over the rows strictly older than t (ties:
-    the first option); ``fallback`` while fewer than ``minimum`` rows precede t."""
+    the first option); ``fallback`` while fewer than ``minimum`` rows precede t.
 
-    def __init__(self, times: np.ndarray, errors: dict[str, np.ndarray], minimum: int, fallback: str):
+    With ``z``, ``fallback`` must be one of the options and the others have to earn their place: an
+    option is eligible at t only if its paired gain over ``fallback`` on the rows older than t (mean of
+    ``error[fallback] - error[option]``) exceeds ``z`` standard errors."""
+
+    def __init__(
+        self,
+        times: np.ndarray,
+        errors: dict[str, np.ndarray],
+        minimum: int,
+        fallback: str,
+        z: float | None = None,
+    ):
         order = np.argsort(times, kind="stable")
         self.times = np.asarray(times)[order]
         self.names = list(errors)
@@ -171,11 +186,25 @@ class PrequentialChoice:
         for j, name in enumerate(self.names):
             self.cumulative[1:, j] = np.asarray(errors[name])[order]
         np.cumsum(self.cumulative, axis=0, out=self.cumulative)
-        self.minimum, self.fallback = minimum, fallback
+        self.minimum, self.fallback, self.z = minimum, fallback, z
+        if z is not None:  # prefix sums of the squared paired gains over the fallback, for their variance
+            base = np.asarray(errors[fallback])[order]
+            self.squares = np.zeros_like(self.cumulative)
+            for j, name in enumerate(self.names):
+                self.squares[1:, j] = (base - np.asarray(errors[name])[order]) ** 2
+            np.cumsum(self.squares, axis=0, out=self.squares)
 
     def choose(self, times: np.ndarray) -> list[str]:
         k = np.searchsorted(self.times, np.asarray(times), side="left")
-        best = np.argmin(self.cumulative[k], axis=1)
+        totals = self.cumulative[k]
+        if self.z is not None:
+            n = np.maximum(k, 1)[:, None]
+            gain = (totals[:, [self.names.index(self.fallback)]] - totals) / n
+            variance = np.maximum(self.squares[k] / n - gain**2, 0) * n / np.maximum(n - 1, 1)
+            eligible = gain - self.z * np.sqrt(variance / n) > 0
+            eligible[:, self.names.index(self.fallback)] = True
+            totals = np.where(eligible, totals, np.inf)
+        best = np.argmin(totals, axis=1)
         return [self.names[b] if n >= self.minimum else self.fallback for b, n in zip(best, k, strict=True)]
 
     def mean_errors(self) -> dict[str, float]:
@@ -238,11 +267,13 @@ class StarModel:
             blended = w * model + (1 - w) * llm
             options[f"blend_{w:g}"] = errors(blended, truth)
             options[f"blend_{w:g}_rounded"] = errors(np.rint(blended), truth)
-        self.blend = PrequentialChoice(times, options, self.min_blend, "model")
+        self.blend = PrequentialChoice(times, options, self.min_blend, "model", z=BLEND_Z)
         self.report["blend_rule"] = (
-            f"per task: a blend only where it beats the model alone on the LLM-answered validation "
-            f"reviews older than the task (>= {self.min_blend} of them)"
+            f"per task: a blend only where its paired gain over the model alone on the LLM-answered "
+            f"validation reviews older than the task (>= {self.min_blend} of them) exceeds {BLEND_Z} "
+            "standard errors (one-sided 95%, Bonferroni over 8 blends)"
         )
+        self.report["blend_chosen_with_all_validation"] = self.blend.choose(np.array([h.end]))[0]
         self.report["blend_candidates_pe"] = {n: round(1 - e, 4) for n, e in self.blend.mean_errors().items()}
 
     def predict(

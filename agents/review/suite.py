@@ -15,6 +15,9 @@ the same tasks with 95% BCa bootstrap intervals, the CLAIMS below), and prints t
 ``--wandb offline|online`` logs every evaluation (eval.tracking) and one suite run with the comparison
 and the claims as tables, into the tuned adapter's W&B project and group.
 
+``--set KEY=VALUE ...`` passes agents.simulate settings to the LLM agents, e.g. the prompt shape an
+adapter was trained with (its pairs' card.json): ``--set k_user=4 k_item=2 prompt_tokens=512``.
+
 ``--visibility official`` runs every agent and baseline with the AgentSociety leaderboard's
 visibility (everything but the task pairs) instead of the default time-aware one; every table says
 which was used.
@@ -233,8 +236,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wandb", choices=tracking.MODES, default="off", help="log to W&B (eval.tracking)")
     parser.add_argument("--batch-size", type=int, default=16, help="LLM agents: tasks per batch")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="LLM agents: answer length cap")
+    parser.add_argument(
+        "--set", nargs="+", default=[], metavar="KEY=VALUE", help="LLM agents: agents.simulate settings"
+    )
     args = parser.parse_args(argv)
     extra = generation_args(args.batch_size, args.max_new_tokens)
+    for item in args.set:
+        key, equals, value = item.partition("=")
+        if not (equals and key and value):
+            parser.error(f"--set takes KEY=VALUE, got {item!r}")
+        extra += [f"--{key}", value]
     run_suite(
         args.data,
         args.tasks,
