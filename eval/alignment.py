@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from eval.metrics import bca_interval
+
 STARS = [str(s) for s in range(1, 6)]
 
 
@@ -150,15 +152,10 @@ METHODS = {
 
 def paired_interval(a: np.ndarray, b: np.ndarray) -> list[float]:
     """95% BCa bootstrap interval of mean(a - b) over users."""
-    from scipy.stats import bootstrap
-
-    diff = a - b
-    if len(diff) < 2:
+    if len(a) < 2:
         return None  # no interval from one user
-    if np.ptp(diff) == 0:  # every user the same difference: the bootstrap distribution is that value
-        return [round(float(diff.mean()), 4)] * 2
-    ci = bootstrap((diff,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa", rng=0)
-    return [round(float(ci.confidence_interval.low), 4), round(float(ci.confidence_interval.high), 4)]
+    low, high, _ = bca_interval(a - b)
+    return [round(low, 4), round(high, 4)]
 
 
 def score(cases, predictions: dict[str, list[list[float]]]) -> dict:

@@ -52,6 +52,7 @@ import numpy as np
 
 from agents.converse.simulator import ACTION_INTENT
 from data_prep import recllmsim
+from eval.metrics import bca_interval
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -59,15 +60,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def interval(values: list[float]) -> list[float]:
-    from scipy.stats import bootstrap
-
-    values = np.asarray(values, dtype=float)
     if len(values) < 2:
         return None  # no interval from one dialogue
-    if np.ptp(values) == 0:  # every dialogue the same: the bootstrap distribution is that value
-        return [round(float(values.mean()), 3)] * 2
-    ci = bootstrap((values,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa", rng=0)
-    return [round(float(ci.confidence_interval.low), 3), round(float(ci.confidence_interval.high), 3)]
+    low, high, _ = bca_interval(values)
+    return [round(low, 3), round(high, 3)]
 
 
 KEYS = ("language_quality", "action_quality", "recommendation_quality")

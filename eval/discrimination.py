@@ -32,6 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.retrieval import top_indices
+from eval.metrics import bca_interval
 
 SETTINGS = ((1, 5), (3, 3), (3, 7), (1, 9))
 PAPER = {  # the paper's Table 3 (20 MovieLens-1M users, ChatGPT), for reference
@@ -185,17 +186,11 @@ METHODS = {
 
 
 def score(cases, picks) -> dict:
-    from scipy.stats import bootstrap
-
     hits = np.array(
         [len(set(c["held"]) & set(p)) / len(c["held"]) for c, p in zip(cases, picks, strict=True)]
     )
     mean = float(hits.mean())
-    if np.ptp(hits) == 0:
-        low = high = mean
-    else:
-        ci = bootstrap((hits,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa", rng=0)
-        low, high = float(ci.confidence_interval.low), float(ci.confidence_interval.high)
+    low, high, _ = bca_interval(hits)
     return {"p": round(mean, 4), "ci95": [round(low, 4), round(high, 4)], "users": len(hits)}
 
 

@@ -93,6 +93,23 @@ def per_task_scores(terms: dict[str, np.ndarray], metric: str) -> np.ndarray:
     return per_task[metric]
 
 
+def bca_interval(values, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """The 95% BCa bootstrap interval of the mean of ``values`` (scipy.stats.bootstrap) and the share of
+    resamples whose mean is above zero. When every resample has the same mean (fewer than 2 values, or
+    all equal) the interval is that mean and the share 0 or 1."""
+    from scipy.stats import bootstrap
+
+    values = np.asarray(values, dtype=float)
+    mean = float(values.mean())
+    if len(values) < 2 or np.ptp(values) == 0:
+        return mean, mean, float(mean > 0)
+    result = bootstrap(
+        (values,), np.mean, n_resamples=resamples, confidence_level=0.95, method="BCa", rng=seed
+    )
+    low, high = result.confidence_interval
+    return float(low), float(high), float(np.mean(result.bootstrap_distribution > 0))
+
+
 def paired_bootstrap(
     a: dict[str, np.ndarray], b: dict[str, np.ndarray], metric: str, resamples: int = 2000, seed: int = 0
 ) -> dict:
@@ -101,21 +118,11 @@ def paired_bootstrap(
 
     a, b: per-task terms ("star", "sentiment", "emotion", "topic"), row k of both being the same task.
     """
-    from scipy.stats import bootstrap
-
     if len(a["star"]) != len(b["star"]):
         raise ValueError("paired_bootstrap needs the same tasks on both sides")
     diff = per_task_scores(a, metric) - per_task_scores(b, metric)
     n, mean = len(diff), float(np.mean(diff))
-    if n < 2 or np.ptp(diff) == 0:  # every resample has the same mean: the interval is that point
-        low = high = mean
-        share = float(mean > 0)
-    else:
-        result = bootstrap(
-            (diff,), np.mean, n_resamples=resamples, confidence_level=0.95, method="BCa", rng=seed
-        )
-        low, high = result.confidence_interval
-        share = float(np.mean(result.bootstrap_distribution > 0))
+    low, high, share = bca_interval(diff, resamples, seed)
     return {
         "metric": metric,
         "difference": mean,
