@@ -124,14 +124,18 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     for name, folder in [*results.items(), *((k, Path(v)) for k, v in references.items())]:
         r = json.loads((Path(folder) / "results.json").read_text())
-        f = r["fidelity"]
+        f = r.get("fidelity") or {}  # a reference scored without the store (--data) has no copy share
         w = chosen_weights.get(name)
         real = f"{w['real_reviews_chosen']:.1%}" if w else "–"
         weights = f"{w['fold 0']:g} / {w['fold 1']:g}" if w else "–"
+        figures = [
+            f"{f[k]:{spec}}" if f.get(k) is not None else "–"
+            for k, spec in [("star_wasserstein", ".3f"), ("length_ks", ".3f"), ("distinct_2", ".3f"),
+                            ("repeated_share", ".1%"), ("copied_share", ".1%")]
+        ]  # fmt: skip
         table.append(
-            f"| {name} | {r['n']} | {r['preference_estimation']:.4f} | {r['review_generation']:.4f} | {r['overall']:.4f} | "
-            f"{f['star_wasserstein']:.3f} | {f['length_ks']:.3f} | {f['distinct_2']:.3f} | {f['repeated_share']:.1%} | "
-            f"{f['copied_share']:.1%} | {real} | {weights} |"
+            f"| {name} | {r['n']} | {r['preference_estimation']:.4f} | {r['review_generation']:.4f} | "
+            f"{r['overall']:.4f} | {' | '.join(figures)} | {real} | {weights} |"
         )
     # does the LLM add anything over the real reviews: as choices (both), as evidence (retrieved-vs-all)
     pairs = [("both", "retrieved"), ("retrieved-vs-all", "retrieved"), ("both", "generated")]
