@@ -20,7 +20,7 @@ done
 set -x
 [[ -f "$Q/pairs_quality/card.json" ]] || "$PY" -m data_prep.pairs --data "$Q/amazon/data" "$Q/yelp/data" \
     --tasks "$Q/amazon/tasks_all" "$Q/yelp/tasks_all" --out "$Q/pairs_quality" --k-user 4 --k-item 2 --max-tokens 512
-"$PY" -m train.sft --config configs/sft/smollm2_cpu_quality.yaml
+[[ -f "$Q/sft_quality/training_card.json" ]] || "$PY" -m train.sft --config configs/sft/smollm2_cpu_quality.yaml
 for S in amazon yelp; do
     "$PY" -m agents.suite --kinds stats stats-mbr tuned-mbr --data "$Q/$S/data" --tasks "$Q/$S/tasks_all" \
         --adapter "$Q/sft_quality" --out "$Q/$S/suite_quality" --max-new-tokens 128 \

@@ -423,3 +423,10 @@ def test_qlora_loads_one_whole_copy_per_process_and_stores_4bit_in_the_compute_d
     model = sft.load_model(str(tiny_model), model_args, training_args)
     assert model_args.bnb_4bit_quant_storage == "float32"  # the recipe's compute dtype
     assert model.config.quantization_config.bnb_4bit_quant_storage == torch.float32
+
+
+def test_validation_examples_are_spread_over_the_file_not_its_first_users():
+    from train.sft import spread
+
+    assert spread(100, 7) == [0, 16, 33, 50, 66, 82, 99]  # round(k * 99 / 6)
+    assert spread(3, 8) == [0, 1, 2] and spread(1, 4) == [0] and spread(48, 1) == [0]

@@ -53,7 +53,10 @@ class RecipeArguments:
         default=None, metadata={"help": "use the first N training examples"}
     )
     max_eval_examples: int | None = field(
-        default=None, metadata={"help": "use the first N validation examples"}
+        default=None,
+        metadata={
+            "help": "use N validation examples spread evenly over the file (many users, not the first few)"
+        },
     )
     sample_generations: int = field(
         default=4, metadata={"help": "validation examples generated at each evaluation"}
@@ -209,6 +212,12 @@ def trl_example(tokenizer, example: dict) -> dict:
     }
 
 
+def spread(total: int, n: int) -> list[int]:
+    """min(n, total) row indices spread evenly over range(total), first and last included."""
+    m = min(n, total)
+    return sorted({round(k * (total - 1) / max(m - 1, 1)) for k in range(m)})
+
+
 def load_pairs(recipe: RecipeArguments, tokenizer):
     """The pairs' train.jsonl and validation.jsonl (the files the run's fingerprint hashes), rendered."""
     from datasets import Dataset
@@ -216,7 +225,12 @@ def load_pairs(recipe: RecipeArguments, tokenizer):
     out = {}
     for split, limit in (("train", recipe.max_train_examples), ("validation", recipe.max_eval_examples)):
         data = Dataset.from_json(str(Path(recipe.pairs) / f"{split}.jsonl"))
-        part = data.select(range(min(limit, len(data)))) if limit else data
+        if not limit:
+            part = data
+        elif split == "train":
+            part = data.select(range(min(limit, len(data))))
+        else:  # the file is grouped by user: the first N rows would be one or two users
+            part = data.select(spread(len(data), limit))
         out[split] = part.map(
             lambda example: trl_example(tokenizer, example),
             remove_columns=part.column_names,
@@ -561,7 +575,7 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     reentrant_checkpointing_for_zero3(training_args, model_args)
     sampler = SampleGenerations(
         tokenizer,
-        [data["validation"][i] for i in range(min(recipe.sample_generations, len(data["validation"])))],
+        [data["validation"][i] for i in spread(len(data["validation"]), recipe.sample_generations)],
         training_args.output_dir,
     )
     trainer = SFTTrainer(
