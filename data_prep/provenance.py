@@ -40,13 +40,16 @@ def package_versions(names: list[str]) -> dict[str, str | None]:
     return versions
 
 
-# a flag is secret when one of its words (split at - and _) ends like a secret: --hf-token, --apikey,
-# --db_password; counts and names are not (--max-tokens, --tokenizer, --keyword)
-_SECRET_WORD = re.compile(r"^[a-z0-9]*(token|key|secret|password|passwd)$", re.IGNORECASE)
+# any flag naming a token, key, secret or password is secret (--hf-token, --api-keys, --tokenPath), except
+# token counts and tokenizer names, which provenance needs (--max-tokens, --max_new_tokens, --tokenizer)
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(token|key|secret|passw)[\w-]*$", re.IGNORECASE)
+_NOT_SECRET = re.compile(
+    r"^--?([\w-]*(max|min|num|new|prompt)[-_]tokens?|tokenizer[\w-]*|keywords?)$", re.IGNORECASE
+)
 
 
 def _is_secret_flag(flag: str) -> bool:
-    return flag.startswith("-") and any(_SECRET_WORD.match(w) for w in re.split(r"[-_]", flag.lstrip("-")))
+    return bool(_SECRET_FLAG.match(flag)) and not _NOT_SECRET.match(flag)
 
 
 def redact(argv: list[str]) -> list[str]:

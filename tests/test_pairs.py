@@ -1,11 +1,11 @@
-"""Training pairs from several stores at once: each store blocks its own tasks, the card lists every source."""
+"""Training pairs from several stores at once: each store blocks its own tasks, the card lists every
+source, and stores that share users are refused."""
 
 import json
-from collections import Counter
 
 import pytest
 
-from data_prep import pairs
+from data_prep import build, pairs
 from data_prep.tasks import read_tasks
 
 
@@ -19,20 +19,31 @@ def rows(folder) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_pairs_from_several_stores_block_each_stores_own_tasks(yelp_store, make_tasks, tmp_path):
-    a = make_tasks(yelp_store, tmp_path / "a", n=30, seed=1)
-    b = make_tasks(yelp_store, tmp_path / "b", n=30, seed=2)
-    one = make_pairs([yelp_store], [a], tmp_path / "one")
-    both = make_pairs([yelp_store, yelp_store], [a, b], tmp_path / "both")
-    assert [s["tasks"] for s in both["data"]] == [str(a), str(b)]
+def test_pairs_from_several_stores_block_each_stores_own_tasks(raw, yelp_store, make_tasks, tmp_path):
+    amazon = tmp_path / "amazon"
+    build.main(
+        ["--source", "amazon2018", "--input", str(raw / "amazon2018_5core_small"), "--out", str(amazon)]
+    )
+    ta = make_tasks(amazon, tmp_path / "ta", n=30, seed=1)
+    ty = make_tasks(yelp_store, tmp_path / "ty", n=30, seed=2)
+    one = make_pairs([amazon], [ta], tmp_path / "one")
+    both = make_pairs([amazon, yelp_store], [ta, ty], tmp_path / "both")
+    assert [s["tasks"] for s in both["data"]] == [str(ta), str(ty)]
     assert both["data"][0]["examples"] == sum(one["examples"].values())
-    assert sum(both["examples"].values()) == sum(s["examples"] for s in both["data"])
-    # a review appears once per store that does not block its (user, item) pair, at most
-    a_pairs = {(t["user_id"], t["item_id"]) for t in read_tasks(a)}
-    b_pairs = {(t["user_id"], t["item_id"]) for t in read_tasks(b)}
-    times = Counter((r["review_id"], r["user_id"], r["item_id"]) for r in rows(tmp_path / "both"))
-    assert all(n <= ((u, i) not in a_pairs) + ((u, i) not in b_pairs) for (_, u, i), n in times.items())
-    assert any((u, i) in a_pairs for _, u, i in times)  # a's tasks are training pairs of the other store
-    assert {r["review_id"] for r in rows(tmp_path / "one")} <= {rid for rid, _, _ in times}
+    assert (
+        sum(both["examples"].values())
+        == sum(s["examples"] for s in both["data"])
+        > both["data"][0]["examples"]
+    )
+    merged = rows(tmp_path / "both")
+    assert {r["review_id"] for r in rows(tmp_path / "one")} <= {r["review_id"] for r in merged}
+    blocked = {(t["user_id"], t["item_id"]) for folder in (ta, ty) for t in read_tasks(folder)}
+    assert not blocked & {(r["user_id"], r["item_id"]) for r in merged}  # no task pair is a target
+    with pytest.raises(SystemExit, match="share"):  # one store twice: its users on both sides
+        make_pairs(
+            [yelp_store, yelp_store],
+            [ty, make_tasks(yelp_store, tmp_path / "ty2", n=30, seed=3)],
+            tmp_path / "x",
+        )
     with pytest.raises(SystemExit):
-        make_pairs([yelp_store, yelp_store], [a], tmp_path / "bad")
+        make_pairs([amazon, yelp_store], [ta], tmp_path / "bad")

@@ -119,6 +119,8 @@ def test_prequential_choice_with_z_needs_a_significant_paired_gain_over_the_fall
     strict = PrequentialChoice(times, errors, minimum=2, fallback="model", z=2.5)
     # lucky: gain 0.15, standard error 0.12 -> not eligible; steady: gain 0.1 with no spread -> chosen
     assert strict.choose(np.array([11])) == ["steady"]
+    one_row = PrequentialChoice(times, errors, minimum=1, fallback="model", z=2.5)
+    assert one_row.choose(np.array([2])) == ["model"]  # a single row has no spread to test against
     noisy = PrequentialChoice(times, {"model": errors["model"], "lucky": errors["lucky"]}, 2, "model", z=2.5)
     assert noisy.choose(np.array([3, 11])) == ["model", "model"]
 

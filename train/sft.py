@@ -143,7 +143,11 @@ def run_inputs(recipe: RecipeArguments, training_args, model_args) -> dict:
     return {
         "pairs": fingerprint.digest_files([pairs / "train.jsonl", pairs / "validation.jsonl"], pairs),
         "recipe": {
-            k: getattr(recipe, k) for k in ("global_batch_size", "max_train_examples", "max_eval_examples")
+            **{
+                k: getattr(recipe, k)
+                for k in ("global_batch_size", "max_train_examples", "max_eval_examples")
+            },
+            "eval_selection": "spread",  # which validation rows max_eval_examples takes (was: the first)
         },
         "model": asdict(model_args),
         "training": {k: training.get(k) for k in TRAJECTORY_FIELDS},

@@ -201,7 +201,9 @@ class PrequentialChoice:
             n = np.maximum(k, 1)[:, None]
             gain = (totals[:, [self.names.index(self.fallback)]] - totals) / n
             variance = np.maximum(self.squares[k] / n - gain**2, 0) * n / np.maximum(n - 1, 1)
-            eligible = gain - self.z * np.sqrt(variance / n) > 0
+            eligible = (gain - self.z * np.sqrt(variance / n) > 0) & (k >= 2)[
+                :, None
+            ]  # no spread from one row
             eligible[:, self.names.index(self.fallback)] = True
             totals = np.where(eligible, totals, np.inf)
         best = np.argmin(totals, axis=1)
