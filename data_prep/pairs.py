@@ -169,9 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
         before = args.before or (manifest.get("cutoff") if manifest.get("strategy") == "temporal" else None)
         store = ReviewStore.open(data, tasks=tasks)
         if len(args.data) > 1:
-            users = {r["user_id"] for r in store.visible_reviews()} | {
-                t["user_id"] for t in read_tasks(tasks)
-            }
+            users = {r[1] for r in store.visible_ratings()} | {t["user_id"] for t in read_tasks(tasks)}
             for other, seen in users_of.items():
                 if shared := users & seen:
                     raise SystemExit(

@@ -188,6 +188,7 @@ class PrequentialChoice:
         np.cumsum(self.cumulative, axis=0, out=self.cumulative)
         self.minimum, self.fallback, self.z = minimum, fallback, z
         if z is not None:  # prefix sums of the squared paired gains over the fallback, for their variance
+            self.fallback_column = self.names.index(fallback)
             base = np.asarray(errors[fallback])[order]
             self.squares = np.zeros_like(self.cumulative)
             for j, name in enumerate(self.names):
@@ -199,12 +200,11 @@ class PrequentialChoice:
         totals = self.cumulative[k]
         if self.z is not None:
             n = np.maximum(k, 1)[:, None]
-            gain = (totals[:, [self.names.index(self.fallback)]] - totals) / n
+            gain = (totals[:, [self.fallback_column]] - totals) / n
             variance = np.maximum(self.squares[k] / n - gain**2, 0) * n / np.maximum(n - 1, 1)
-            eligible = (gain - self.z * np.sqrt(variance / n) > 0) & (k >= 2)[
-                :, None
-            ]  # no spread from one row
-            eligible[:, self.names.index(self.fallback)] = True
+            spread = (k >= 2)[:, None]  # one row has no spread to test a gain against
+            eligible = spread & (gain - self.z * np.sqrt(variance / n) > 0)
+            eligible[:, self.fallback_column] = True
             totals = np.where(eligible, totals, np.inf)
         best = np.argmin(totals, axis=1)
         return [self.names[b] if n >= self.minimum else self.fallback for b, n in zip(best, k, strict=True)]
