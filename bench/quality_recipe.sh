@@ -3,19 +3,24 @@
 #
 #   bash bench/quality.sh amazon && bash bench/quality.sh yelp     # first: samples, tasks, 50-step runs
 #   bash bench/quality_recipe.sh                                    # then: about 2 hours on 2 CPU cores
+#   VISIBILITY=official bash bench/quality_recipe.sh                # the same adapter, official visibility
 #
 # 1. pairs from both samples (each blocks its own tasks_all), 4 user and 2 item reviews, 512 tokens;
 # 2. configs/sft/smollm2_cpu_quality.yaml (about an hour): loss.png, samples/ in runs/quality/sft_quality;
 # 3. per sample, stats, stats-mbr and tuned-mbr with that adapter and the prompt shape it was trained on
 #    (tuned-mbr keeps its greedy answer, so the plain tuned agent is scored from the same run: pool answer);
 # 4. the pool ablation against stats, stats-mbr, nearest-centroid and the 50-step adapter's runs.
-# Every step resumes or skips finished work.
+# Every step resumes or skips finished work. With VISIBILITY=official the suites and the ablation write to
+# suite_quality_official and selection_quality_official, against the 50-step adapter's official runs
+# (bash bench/quality.sh S runs/quality/S with VISIBILITY=official wrote them to suite_all_official).
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 Q=runs/quality
+VISIBILITY=${VISIBILITY:-time-aware}
+SUFFIX=$([[ $VISIBILITY == official ]] && echo _official || true)
 for S in amazon yelp; do
-    [[ -f "$Q/$S/suite_all/eval/tuned-mbr/results.json" ]] || {
-        echo "error: $Q/$S/suite_all is missing: run bash bench/quality.sh $S first" >&2; exit 2; }
+    [[ -f "$Q/$S/suite_all$SUFFIX/eval/tuned-mbr/results.json" ]] || {
+        echo "error: $Q/$S/suite_all$SUFFIX is missing: run bench/quality.sh for $S first" >&2; exit 2; }
 done
 set -x
 [[ -f "$Q/pairs_quality/card.json" ]] || "$PY" -m data_prep.pairs --data "$Q/amazon/data" "$Q/yelp/data" \
@@ -23,11 +28,13 @@ set -x
 [[ -f "$Q/sft_quality/training_card.json" ]] || "$PY" -m train.sft --config configs/sft/smollm2_cpu_quality.yaml
 for S in amazon yelp; do
     "$PY" -m agents.suite --kinds stats stats-mbr tuned-mbr --data "$Q/$S/data" --tasks "$Q/$S/tasks_all" \
-        --adapter "$Q/sft_quality" --out "$Q/$S/suite_quality" --max-new-tokens 128 \
-        --set k_user=4 k_item=2 prompt_tokens=512
-    E="$Q/$S/suite_quality/eval"
-    D="$Q/$S/suite_all/eval"
-    "$PY" -m bench.selection_bench --run "$Q/$S/suite_quality/sim/tuned-mbr" --data "$Q/$S/data" \
-        --tasks "$Q/$S/tasks_all" --out "$Q/$S/selection_quality" --against stats="$E/stats" \
-        stats-mbr="$E/stats-mbr" nearest-centroid="$E/nearest-centroid" demo-tuned="$D/tuned" demo-tuned-mbr="$D/tuned-mbr"
+        --adapter "$Q/sft_quality" --out "$Q/$S/suite_quality$SUFFIX" --max-new-tokens 128 \
+        --set k_user=4 k_item=2 prompt_tokens=512 --visibility "$VISIBILITY"
+    E="$Q/$S/suite_quality$SUFFIX/eval"
+    D="$Q/$S/suite_all$SUFFIX/eval"
+    DEMO_TUNED=()  # the official 50-step runs have no greedy tuned run
+    [[ -d "$D/tuned" ]] && DEMO_TUNED=(demo-tuned="$D/tuned")
+    "$PY" -m bench.selection_bench --run "$Q/$S/suite_quality$SUFFIX/sim/tuned-mbr" --data "$Q/$S/data" \
+        --tasks "$Q/$S/tasks_all" --out "$Q/$S/selection_quality$SUFFIX" --against stats="$E/stats" \
+        stats-mbr="$E/stats-mbr" nearest-centroid="$E/nearest-centroid" "${DEMO_TUNED[@]}" demo-tuned-mbr="$D/tuned-mbr"
 done

@@ -26,12 +26,12 @@ import numpy as np
 
 from agents.retrieval import Retriever
 from agents.review.select import POOLS, RETRIEVED, SentimentByStars, reselect
-from agents.review.suite import per_task_terms
 from data_prep.provenance import provenance
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets
 from eval import review
 from eval.metrics import paired_bootstrap, per_task_scores
+from eval.review import per_task_terms
 
 WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0)
 

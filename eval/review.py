@@ -6,7 +6,8 @@
     python -m eval.review --tasks TASK_DIR --predictions PRED.jsonl --out OUT_DIR --backend official
     # a local emotion or topic model folder in place of either
     python -m eval.review ... --emotion-model path/to/roberta --topic-model path/to/sbert
-    # several results side by side: OUT_DIR/compare.md and compare.png
+    # several results side by side: OUT_DIR/compare.md and compare.png; when they scored the same tasks,
+    # compare.md also has each run minus the first with paired 95% intervals
     python -m eval.review --compare runs/eval/a/results.json runs/eval/b/results.json --out runs/eval/cmp
     # with the build folder, the fidelity report also counts verbatim copies of the store's reviews;
     # --wandb offline|online logs it all to W&B (the adapter's training project and group when known)
@@ -42,6 +43,7 @@ from data_prep.tasks import read_groundtruth, read_targets, read_tasks
 from eval import plots, tracking
 from eval.backends import build_scorers
 from eval.fidelity import fidelity
+from eval.metrics import paired_bootstrap
 from eval.predictions import PredictionError, align, read_predictions, run_visibility
 from eval.scoring import ScoreCache, emotion_dict, score_pairs, summarise
 
@@ -194,6 +196,37 @@ def write_outputs(
     plots.fidelity(np.array(true_stars), terms["stars_clipped"], true_texts, pred_texts, out / "fidelity.png")
 
 
+def per_task_terms(eval_dir: Path) -> dict[str, np.ndarray]:
+    """The per-task error terms of an eval.review folder, by task id, with the ids (``task_id``)."""
+    rows = sorted(
+        map(json.loads, (eval_dir / "samples.jsonl").read_text().splitlines()), key=lambda r: r["task_id"]
+    )
+    terms = {t: np.array([r[f"{t}_error"] for r in rows]) for t in ("star", "sentiment", "emotion", "topic")}
+    return {**terms, "task_id": np.array([r["task_id"] for r in rows])}
+
+
+def paired_table(names: list[str], folders: list[Path]) -> str:
+    """Each run minus the first, per metric, on the same tasks (paired BCa bootstrap over tasks); a
+    line saying why not when a folder has no per-task samples or the runs scored different tasks."""
+    if not all((f / "samples.jsonl").exists() for f in folders):
+        return "Not paired: a run has no samples.jsonl beside its results.json."
+    first = per_task_terms(folders[0])
+    rows = [
+        f"| run − {names[0]} (paired BCa 95% CI) | n | PE | RG | overall |",
+        "|---|---|---|---|---|",
+    ]
+    for name, folder in zip(names[1:], folders[1:], strict=True):
+        terms = per_task_terms(folder)
+        if terms["task_id"].tolist() != first["task_id"].tolist():
+            return f"Not paired: {name} and {names[0]} scored different tasks."
+        cells = []
+        for metric in ("preference_estimation", "review_generation", "overall"):
+            d = paired_bootstrap(terms, first, metric)
+            cells.append(f"{d['difference']:+.4f} [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]")
+        rows.append(f"| {name} | {len(first['task_id'])} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def compare(paths: list[Path], names: list[str] | None, out: Path) -> str:
     results = [json.loads(Path(p).read_text()) for p in paths]
     names = names or [Path(p).parent.name for p in paths]
@@ -220,6 +253,8 @@ def compare(paths: list[Path], names: list[str] | None, out: Path) -> str:
             f"{fid} | {r.get('visibility', 'unknown')} | {exact} |"
         )
     table = "\n".join(rows)
+    if len(paths) > 1:
+        table += "\n\n" + paired_table(names, [Path(p).parent for p in paths])
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(table + "\n")
     plots.compare_bars(names, results, out / "compare.png")

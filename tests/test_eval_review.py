@@ -196,6 +196,25 @@ def test_compare_writes_table_and_chart(tasks, tmp_path, offline_scorers):
     )
     assert "| low | 30 |" in table and "| high | 30 |" in table
     assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    # high - low, paired over the same 30 tasks: the same reviews, so RG differs by exactly 0; PE by the
+    # difference of the two runs' PE (a mean of per-task differences is the difference of the means)
+    low, high = (json.loads((tmp_path / n / "results.json").read_text()) for n in ("low", "high"))
+    pe = high["preference_estimation"] - low["preference_estimation"]
+    paired = table.split("| run − low (paired BCa 95% CI) |")[1]
+    row = next(line for line in paired.splitlines() if line.startswith("| high | 30 | "))
+    cells = [c.strip() for c in row.split("|")[3:6]]
+    assert cells[0].startswith(f"{pe:+.4f} [") and pe != 0
+    assert cells[1] == "+0.0000 [+0.0000, +0.0000]"
+    run_eval(tasks, tmp_path / "high.jsonl", tmp_path / "high10", "--limit", "10")
+    other = review.main(
+        [
+            "--compare",
+            *(str(tmp_path / n / "results.json") for n in ("low", "high10")),
+            "--out",
+            str(tmp_path / "c2"),
+        ]
+    )
+    assert other.endswith("Not paired: high10 and low scored different tasks.")
 
 
 # -- a local emotion model folder ----------------------------------------------------------------------

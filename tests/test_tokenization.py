@@ -7,6 +7,8 @@ tokenizer_config names, with the family's special tokens, BOS behaviour and (sho
 - llama3: PreTrainedTokenizerFast (TokenizersBackend), a post-processor that adds <|begin_of_text|>,
   and a template that writes it too: the case where TRL's text tokenization added a second BOS;
 - qwen2: Qwen2Tokenizer, no BOS, the default system prompt;
+- gemma3: a tokenizer that adds <bos>, and the turn format data_prep/offline_models.py gives the offline
+  Gemma 3 270M (which writes <bos> too), with <end_of_turn> as EOS;
 - smollm2: the real SmolLM2 tokenizer from the offline package.
 
 Training ids come from TRL's own dataset preparation (SFTTrainer), inference ids from the hf backend's
@@ -17,6 +19,8 @@ import json
 
 import pytest
 import torch
+
+from data_prep.offline_models import GEMMA_CHAT_TEMPLATE
 
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}"
@@ -68,6 +72,13 @@ FAMILIES = {
         "adds_bos": False,
         "template": QWEN2_TEMPLATE,
         "class": "Qwen2Tokenizer",
+    },
+    "gemma3": {
+        "specials": ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+        "tokens": {"bos_token": "<bos>", "eos_token": "<end_of_turn>", "pad_token": "<pad>"},
+        "adds_bos": True,
+        "template": GEMMA_CHAT_TEMPLATE,
+        "class": None,
     },
 }
 
@@ -135,7 +146,7 @@ def pair_rows(raw, tmp_path_factory):
     return rows
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen2", "smollm2"])
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "gemma3", "smollm2"])
 def family_model(request, pair_rows, tmp_path_factory):
     """A tiny random Llama saved with the family's tokenizer."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -184,7 +195,11 @@ def test_training_and_inference_prompt_ids_are_identical(family_model, pair_rows
         start = next(i for i, label in enumerate(labels) if label != -100)
         served = backend.encode([row["prompt"]])["input_ids"][0].tolist()
         assert ids[:start] == served, family  # the prompt trained on is the prompt served, token for token
-        if family == "llama3":
+        if family in ("llama3", "gemma3"):
             assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1  # one BOS
+        if family == "gemma3":  # the system message opens the first user turn; the model's turn follows
+            prompt = tokenizer.decode(served)
+            assert prompt.startswith("<bos><start_of_turn>user\n" + row["prompt"][0]["content"] + "\n\n")
+            assert prompt.endswith("<end_of_turn>\n<start_of_turn>model\n")
         assert ids[-1] == tokenizer.eos_token_id and labels[start:] == ids[start:]
         assert tokenizer.decode(ids[start:]) == row["completion"][0]["content"] + tokenizer.eos_token

@@ -29,8 +29,6 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-
 from agents.review import simulate
 from data_prep.paths import REPO_ROOT
 from eval import baselines, review, tracking
@@ -92,15 +90,6 @@ def agents_table(runs: dict[str, Path]) -> str:
     return "\n".join(rows + ([""] + notes if notes else []))
 
 
-def per_task_terms(eval_dir: Path) -> dict[str, np.ndarray]:
-    """The per-task error terms of an eval.review folder, by task id, with the ids (``task_id``)."""
-    rows = sorted(
-        map(json.loads, (eval_dir / "samples.jsonl").read_text().splitlines()), key=lambda r: r["task_id"]
-    )
-    terms = {t: np.array([r[f"{t}_error"] for r in rows]) for t in ("star", "sentiment", "emotion", "topic")}
-    return {**terms, "task_id": np.array([r["task_id"] for r in rows])}
-
-
 def claims_table(eval_root: Path, names: list[str]) -> str:
     rows = [
         "| claim | metric | difference | 95% CI (paired BCa bootstrap) | resamples > 0 | n |",
@@ -108,7 +97,9 @@ def claims_table(eval_root: Path, names: list[str]) -> str:
     ]
     for a, b, metric in CLAIMS:
         if a in names and b in names:
-            d = paired_bootstrap(per_task_terms(eval_root / a), per_task_terms(eval_root / b), metric)
+            d = paired_bootstrap(
+                review.per_task_terms(eval_root / a), review.per_task_terms(eval_root / b), metric
+            )
             rows.append(
                 f"| {a} > {b} | {metric} | {d['difference']:+.4f} | [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] | "
                 f"{d['share_of_resamples_above_zero']:.1%} | {d['n']} |"
