@@ -252,6 +252,15 @@ class ReviewStore:
         where, args = self._where(before)
         return self.conn.execute(f"SELECT AVG(stars) FROM reviews r {where}", args).fetchone()[0]
 
+    def latest_ts_of(self, review_ids: Iterable[str]) -> int | None:
+        """The latest time (epoch seconds) among those of ``review_ids`` that are in this store, blocked
+        or not; None when none is."""
+        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS asked (review_id TEXT PRIMARY KEY)")
+        self.conn.execute("DELETE FROM temp.asked")
+        self.conn.executemany("INSERT OR IGNORE INTO temp.asked VALUES (?)", ((i,) for i in review_ids))
+        sql = "SELECT MAX(r.ts) FROM reviews r JOIN temp.asked a ON a.review_id = r.review_id"
+        return self.conn.execute(sql).fetchone()[0]
+
     def latest_review(self, before: int | str | datetime | None = None) -> dict | None:
         """The most recent visible review of the whole store (strictly older than ``before``)."""
         where, args = self._where(before)

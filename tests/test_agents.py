@@ -795,3 +795,29 @@ def test_every_shipped_agent_config_parses():
         agent, llm, _ = parser.parse_args_and_config(["--config", str(path), "--out", "x"])
         assert agent.kind in KINDS and agent.kind == yaml.safe_load(path.read_text())["kind"]
         assert llm.backend in ("hf", "vllm", "openai") and (agent.kind == "stats" or llm.model)
+
+
+def test_adapter_postdating_counts_only_this_stores_training_reviews(yelp_store, tmp_path):
+    """An adapter trained on two stores: the tasks it postdates are judged by this store's training
+    reviews, not by the other store's later ones; trained on none of them, it postdates no task."""
+    store = ReviewStore.open(yelp_store)
+    ratings = sorted(store.visible_ratings(), key=lambda r: r[3])  # (review_id, user, item, ts, stars)
+    half = ratings[: len(ratings) // 2]
+    latest = max(r[3] for r in half)
+    far_later = ratings[-1][3] + 10**8  # the other store's newest training review
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    record = {
+        "train_review_ids": [r[0] for r in half] + ["other-store-review"],
+        "latest_target_ts": far_later,
+    }
+    (adapter / "training_data.json").write_text(json.dumps(record))
+    tasks = [{"ts": latest - 1}, {"ts": latest}, {"ts": latest + 1}, {"ts": far_later}]
+    assert simulate.adapter_postdates(str(adapter), tasks, store) == {
+        "latest_training_review": format_utc(latest),
+        "tasks_at_or_before_it": 2,
+        "tasks": 4,
+    }
+    record["train_review_ids"] = ["other-store-review"]
+    (adapter / "training_data.json").write_text(json.dumps(record))
+    assert simulate.adapter_postdates(str(adapter), tasks, store)["tasks_at_or_before_it"] == 0

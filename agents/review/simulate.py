@@ -132,15 +132,19 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
     }
 
 
-def adapter_postdates(adapter: str | None, tasks: list[dict]) -> dict | None:
-    """How many tasks are at or before the latest review the adapter trained on: for those, the
-    adapter's weights carry information from after the task's moment (labelled, not hidden)."""
+def adapter_postdates(adapter: str | None, tasks: list[dict], store: ReviewStore) -> dict | None:
+    """How many tasks are at or before the latest review of this store the adapter trained on: for
+    those, the adapter's weights carry information from after the task's moment (labelled, not hidden).
+    An adapter trained on several stores counts only this one's reviews; one trained on none of them
+    postdates no task."""
     path = Path(adapter or "") / "training_data.json"
     if not adapter or not path.exists():
         return None
-    latest = json.loads(path.read_text()).get("latest_target_ts")
+    record = json.loads(path.read_text())
+    ids = record.get("train_review_ids")
+    latest = store.latest_ts_of(ids) if ids else record.get("latest_target_ts")
     if latest is None:
-        return None
+        return {"latest_training_review": None, "tasks_at_or_before_it": 0, "tasks": len(tasks)}
     return {
         "latest_training_review": format_utc(latest),
         "tasks_at_or_before_it": sum(t["ts"] <= latest for t in tasks),
@@ -227,7 +231,7 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
         "llm": asdict(llm_config) if uses_llm else None,
         "ran_now": len(todo),
         "retrieval": agent_config.retrieval,
-        "adapter_training_data": adapter_postdates(llm_config.adapter, tasks) if uses_llm else None,
+        "adapter_training_data": adapter_postdates(llm_config.adapter, tasks, store) if uses_llm else None,
     }
     summary = summarise(out, tasks, done, extra)
     write_outputs(out, tasks, done, summary)

@@ -82,9 +82,11 @@ def agents_table(runs: dict[str, Path]) -> str:
             f"{c['cut_short']} | {stars} | {chosen} | {s['visibility']} |"
         )
         trained = s.get("adapter_training_data")
-        if trained:
+        if trained and trained["latest_training_review"] is None:
+            notes.append(f"{name}: the adapter trained on none of this store's reviews")
+        elif trained:
             notes.append(
-                f"{name}: the adapter's training reviews reach {trained['latest_training_review']}; "
+                f"{name}: the adapter's training reviews from this store reach {trained['latest_training_review']}; "
                 f"{trained['tasks_at_or_before_it']} of {trained['tasks']} tasks are at or before that moment"
             )
     return "\n".join(rows + ([""] + notes if notes else []))
