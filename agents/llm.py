@@ -216,12 +216,29 @@ class GrammarProcessor:
         return scores.masked_fill(~allowed, float("-inf"))
 
 
+def check_adapter_base(model: str, path: str, adapter: str) -> None:
+    """A LoRA adapter only fits the base it was trained on: refuse another, naming the right one. The
+    base counts as the same when it is the name train.sft was given (its training_card.json) or the
+    path PEFT recorded (adapter_config.json); ``path`` is ``model`` resolved (data_prep.offline_models)."""
+    recorded = json.loads((Path(adapter) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    card = Path(adapter) / "training_card.json"
+    named = json.loads(card.read_text()).get("base_model") if card.exists() else None
+    if recorded is None or model in (named, recorded) or path == recorded:
+        return
+    raise SystemExit(
+        f"error: the adapter {adapter} was trained on {named or recorded}, not {model}: give that model "
+        f"(model: in the agent config; agents.suite --set model={named or recorded})"
+    )
+
+
 class HFBackend:
     def __init__(self, config: LLMConfig):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = resolve_model(config.model)
+        if config.adapter:
+            check_adapter_base(config.model, path, config.adapter)
         device = (
             config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         )
@@ -314,6 +331,8 @@ class VLLMBackend:
         kwargs = {}
         if config.adapter:
             from vllm.lora.request import LoRARequest
+
+            check_adapter_base(config.model, resolve_model(config.model), config.adapter)
 
             rank = json.loads((Path(config.adapter) / "adapter_config.json").read_text())["r"]
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(rank))

@@ -32,7 +32,7 @@ done
 for S in amazon yelp; do
     OUT="$Q/$S/suite_gemma${TASKS#tasks}"
     "$PY" -m agents.suite --kinds tuned --data "$Q/$S/data" --tasks "$Q/$S/$TASKS" --adapter "$Q/$S/sft_gemma" \
-        --out "$OUT"
+        --out "$OUT" --set model=gemma3-270m-offline
     "$PY" -m eval.review --compare "$Q/$S/$REF/eval/tuned/results.json" "$OUT/eval/tuned/results.json" \
         --names smollm2-demo gemma3-demo --out "$Q/$S/gemma_compare${TASKS#tasks}"
 done

@@ -821,3 +821,20 @@ def test_adapter_postdating_counts_only_this_stores_training_reviews(yelp_store,
     record["train_review_ids"] = ["other-store-review"]
     (adapter / "training_data.json").write_text(json.dumps(record))
     assert simulate.adapter_postdates(str(adapter), tasks, store)["tasks_at_or_before_it"] == 0
+
+
+def test_an_adapter_loads_only_on_the_base_it_was_trained_on(tiny_model, tmp_path):
+    from agents.llm import HFBackend, check_adapter_base
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"r": 8, "base_model_name_or_path": "/cache/gemma"})
+    )
+    (adapter / "training_card.json").write_text(json.dumps({"base_model": "gemma3-270m-offline"}))
+    check_adapter_base("gemma3-270m-offline", "/cache/gemma", str(adapter))  # the name it was trained with
+    check_adapter_base("/cache/gemma", "/cache/gemma", str(adapter))  # the path PEFT recorded
+    with pytest.raises(SystemExit, match="trained on gemma3-270m-offline, not smollm2.*--set model=gemma3"):
+        check_adapter_base("smollm2-135m-instruct-offline", "/cache/smollm2", str(adapter))
+    with pytest.raises(SystemExit, match=f"not {tiny_model}"):  # refused before any weight loads
+        HFBackend(LLMConfig(model=str(tiny_model), adapter=str(adapter), device="cpu"))
