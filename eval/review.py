@@ -227,7 +227,8 @@ def paired_table(names: list[str], folders: list[Path]) -> str:
     return "\n".join(rows)
 
 
-def compare(paths: list[Path], names: list[str] | None, out: Path) -> str:
+def compare(paths: list[Path], names: list[str] | None, out: Path, paired: bool = True) -> str:
+    """The runs side by side (out/compare.md, compare.png); with ``paired``, each run minus the first."""
     results = [json.loads(Path(p).read_text()) for p in paths]
     names = names or [Path(p).parent.name for p in paths]
     if len(names) != len(results):
@@ -253,7 +254,7 @@ def compare(paths: list[Path], names: list[str] | None, out: Path) -> str:
             f"{fid} | {r.get('visibility', 'unknown')} | {exact} |"
         )
     table = "\n".join(rows)
-    if len(paths) > 1:
+    if paired and len(paths) > 1:
         table += "\n\n" + paired_table(names, [Path(p).parent for p in paths])
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(table + "\n")

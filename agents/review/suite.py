@@ -178,7 +178,8 @@ def run_suite(
         )
         runs[kind] = run
     print("\n--- comparison (shared evaluator)")
-    table = review.main(["--compare", *map(str, scored.values()), "--names", *scored, "--out", str(out)])
+    table = review.compare(list(scored.values()), list(scored), out, paired=False)
+    print(table)
     agents = agents_table(runs)
     (out / "agents.md").write_text(agents + "\n")
     claims = claims_table(out / "eval", list(scored))
