@@ -216,19 +216,42 @@ class GrammarProcessor:
         return scores.masked_fill(~allowed, float("-inf"))
 
 
-def check_adapter_base(model: str, path: str, adapter: str) -> None:
-    """A LoRA adapter only fits the base it was trained on: refuse another, naming the right one. The
-    base counts as the same when it is the name train.sft was given (its training_card.json) or the
-    path PEFT recorded (adapter_config.json); ``path`` is ``model`` resolved (data_prep.offline_models)."""
-    recorded = json.loads((Path(adapter) / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    card = Path(adapter) / "training_card.json"
-    named = json.loads(card.read_text()).get("base_model") if card.exists() else None
-    if recorded is None or model in (named, recorded) or path == recorded:
-        return
-    raise SystemExit(
-        f"error: the adapter {adapter} was trained on {named or recorded}, not {model}: give that model "
-        f"(model: in the agent config; agents.suite --set model={named or recorded})"
-    )
+def adapter_base(adapter: str) -> str | None:
+    """The base model an adapter was trained on: the name train.sft was given (training_card.json), else
+    the path or hub id PEFT recorded (adapter_config.json); None when neither says."""
+    folder = Path(adapter)
+    for name, key in (
+        ("training_card.json", "base_model"),
+        ("adapter_config.json", "base_model_name_or_path"),
+    ):
+        if (folder / name).exists() and (base := json.loads((folder / name).read_text()).get(key)):
+            return base
+    return None
+
+
+def warn_other_base(model: str, path: str, adapter: str) -> None:
+    """A warning when ``model`` (resolved: ``path``) is named differently from the adapter's base. Not
+    an error: a local snapshot of the same hub model is named differently and fits; one that does not
+    fit fails to load, with the error of ``load_adapter``."""
+    base = adapter_base(adapter)
+    if base and base not in (model, path) and Path(base).resolve() != Path(path).resolve():
+        log.warning("the adapter %s was trained on %s; loading it on %s", adapter, base, model)
+
+
+def load_adapter(model, name: str, adapter: str):
+    """PEFT's adapter on ``model``; an adapter from another architecture is refused naming its base."""
+    from peft import PeftModel
+
+    try:
+        return PeftModel.from_pretrained(model, adapter)
+    except RuntimeError as error:
+        if "size mismatch" not in str(error):
+            raise
+        base = adapter_base(adapter)
+        raise SystemExit(
+            f"error: the adapter {adapter} does not fit {name}: it was trained on {base}. Give that model "
+            f"(model: in the agent config; agents.suite --set model={base})"
+        ) from None
 
 
 class HFBackend:
@@ -238,7 +261,7 @@ class HFBackend:
 
         path = resolve_model(config.model)
         if config.adapter:
-            check_adapter_base(config.model, path, config.adapter)
+            warn_other_base(config.model, path, config.adapter)
         device = (
             config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         )
@@ -249,9 +272,7 @@ class HFBackend:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         if config.adapter:
-            from peft import PeftModel
-
-            model = PeftModel.from_pretrained(model, config.adapter)
+            model = load_adapter(model, config.model, config.adapter)
         self.model = model.to(device).eval()
         self.batch_size = config.generation_batch_size
         self.info = {"backend": "hf", "model": config.model, "adapter": config.adapter, "device": device}
@@ -332,7 +353,7 @@ class VLLMBackend:
         if config.adapter:
             from vllm.lora.request import LoRARequest
 
-            check_adapter_base(config.model, resolve_model(config.model), config.adapter)
+            warn_other_base(config.model, resolve_model(config.model), config.adapter)
 
             rank = json.loads((Path(config.adapter) / "adapter_config.json").read_text())["r"]
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(rank))

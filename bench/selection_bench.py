@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     every = {**results, **{k: Path(v) for k, v in references.items()}}
     for a, b in pairs:
         ta, tb = per_task_terms(every[a]), per_task_terms(every[b])
-        if ta["task_id"].tolist() != tb["task_id"].tolist():
+        if ta["task"].tolist() != tb["task"].tolist():
             raise SystemExit(f"error: {a} and {b} were scored on different tasks")
         for metric in ("review_generation", "overall"):
             d = paired_bootstrap(ta, tb, metric)

@@ -255,11 +255,8 @@ class ReviewStore:
     def latest_ts_of(self, review_ids: Iterable[str]) -> int | None:
         """The latest time (epoch seconds) among those of ``review_ids`` that are in this store, blocked
         or not; None when none is."""
-        self.conn.execute("CREATE TEMP TABLE IF NOT EXISTS asked (review_id TEXT PRIMARY KEY)")
-        self.conn.execute("DELETE FROM temp.asked")
-        self.conn.executemany("INSERT OR IGNORE INTO temp.asked VALUES (?)", ((i,) for i in review_ids))
-        sql = "SELECT MAX(r.ts) FROM reviews r JOIN temp.asked a ON a.review_id = r.review_id"
-        return self.conn.execute(sql).fetchone()[0]
+        sql = "SELECT MAX(ts) FROM reviews WHERE review_id IN (SELECT value FROM json_each(?))"
+        return self.conn.execute(sql, (orjson.dumps(list(review_ids)).decode(),)).fetchone()[0]
 
     def latest_review(self, before: int | str | datetime | None = None) -> dict | None:
         """The most recent visible review of the whole store (strictly older than ``before``)."""

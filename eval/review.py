@@ -197,17 +197,19 @@ def write_outputs(
 
 
 def per_task_terms(eval_dir: Path) -> dict[str, np.ndarray]:
-    """The per-task error terms of an eval.review folder, by task id, with the ids (``task_id``)."""
+    """The per-task error terms of an eval.review folder, by task id, with the ids (``task_id``) and
+    the tasks themselves (``task``: id, user and item, so runs on other task folders do not pair)."""
     rows = sorted(
         map(json.loads, (eval_dir / "samples.jsonl").read_text().splitlines()), key=lambda r: r["task_id"]
     )
     terms = {t: np.array([r[f"{t}_error"] for r in rows]) for t in ("star", "sentiment", "emotion", "topic")}
-    return {**terms, "task_id": np.array([r["task_id"] for r in rows])}
+    tasks = np.array([f"{r['task_id']}:{r.get('user_id')}:{r.get('item_id')}" for r in rows])
+    return {**terms, "task_id": np.array([r["task_id"] for r in rows]), "task": tasks}
 
 
 def paired_table(names: list[str], folders: list[Path]) -> str:
     """Each run minus the first, per metric, on the same tasks (paired BCa bootstrap over tasks); a
-    line saying why not when a folder has no per-task samples or the runs scored different tasks."""
+    line saying why not when a folder has no per-task samples, a row when a run scored other tasks."""
     if not all((f / "samples.jsonl").exists() for f in folders):
         return "Not paired: a run has no samples.jsonl beside its results.json."
     first = per_task_terms(folders[0])
@@ -217,8 +219,9 @@ def paired_table(names: list[str], folders: list[Path]) -> str:
     ]
     for name, folder in zip(names[1:], folders[1:], strict=True):
         terms = per_task_terms(folder)
-        if terms["task_id"].tolist() != first["task_id"].tolist():
-            return f"Not paired: {name} and {names[0]} scored different tasks."
+        if terms["task"].tolist() != first["task"].tolist():
+            rows.append(f"| {name} | not paired: other tasks than {names[0]}'s | – | – | – |")
+            continue
         cells = []
         for metric in ("preference_estimation", "review_generation", "overall"):
             d = paired_bootstrap(terms, first, metric)

@@ -821,20 +821,34 @@ def test_adapter_postdating_counts_only_this_stores_training_reviews(yelp_store,
     record["train_review_ids"] = ["other-store-review"]
     (adapter / "training_data.json").write_text(json.dumps(record))
     assert simulate.adapter_postdates(str(adapter), tasks, store)["tasks_at_or_before_it"] == 0
+    (adapter / "training_data.json").write_text(json.dumps({"latest_target_ts": latest}))  # no ids: all
+    assert simulate.adapter_postdates(str(adapter), tasks, store)["tasks_at_or_before_it"] == 2
+    (adapter / "training_data.json").write_text(json.dumps({}))  # nothing known: nothing claimed
+    assert simulate.adapter_postdates(str(adapter), tasks, store) is None
 
 
-def test_an_adapter_loads_only_on_the_base_it_was_trained_on(tiny_model, tmp_path):
-    from agents.llm import HFBackend, check_adapter_base
+def test_an_adapter_on_another_architecture_is_refused_naming_its_base(tiny_model, tmp_path, caplog):
+    """A real LoRA adapter of a wider tiny Llama: loading it on tiny_model fails with the base to use;
+    the name alone only warns (a local snapshot of the same model is named differently and fits)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    from agents.llm import HFBackend, warn_other_base
+
+    wider = LlamaConfig.from_pretrained(tiny_model)
+    wider.hidden_size, wider.intermediate_size = 2 * wider.hidden_size, 2 * wider.intermediate_size
     adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text(
-        json.dumps({"r": 8, "base_model_name_or_path": "/cache/gemma"})
+    get_peft_model(LlamaForCausalLM(wider), LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(
+        adapter
     )
-    (adapter / "training_card.json").write_text(json.dumps({"base_model": "gemma3-270m-offline"}))
-    check_adapter_base("gemma3-270m-offline", "/cache/gemma", str(adapter))  # the name it was trained with
-    check_adapter_base("/cache/gemma", "/cache/gemma", str(adapter))  # the path PEFT recorded
-    with pytest.raises(SystemExit, match="trained on gemma3-270m-offline, not smollm2.*--set model=gemma3"):
-        check_adapter_base("smollm2-135m-instruct-offline", "/cache/smollm2", str(adapter))
-    with pytest.raises(SystemExit, match=f"not {tiny_model}"):  # refused before any weight loads
+    (adapter / "training_card.json").write_text(json.dumps({"base_model": "wide-llama"}))
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(adapter)  # as train.sft saves it
+    with pytest.raises(SystemExit, match="does not fit .*trained on wide-llama.*--set model=wide-llama"):
         HFBackend(LLMConfig(model=str(tiny_model), adapter=str(adapter), device="cpu"))
+    ours = lambda: [r.getMessage() for r in caplog.records if r.name == "agents.llm"]  # noqa: E731
+    with caplog.at_level("WARNING", logger="agents.llm"):
+        caplog.clear()
+        warn_other_base("wide-llama", "/somewhere/wide-llama", str(adapter))  # the name it was trained with
+        assert ours() == []
+        warn_other_base("other", "/somewhere/other", str(adapter))
+    assert ours() == [f"the adapter {adapter} was trained on wide-llama; loading it on other"]

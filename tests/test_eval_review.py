@@ -214,7 +214,7 @@ def test_compare_writes_table_and_chart(tasks, tmp_path, offline_scorers):
             str(tmp_path / "c2"),
         ]
     )
-    assert other.endswith("Not paired: high10 and low scored different tasks.")
+    assert other.endswith("| high10 | not paired: other tasks than low's | – | – | – |")
 
 
 # -- a local emotion model folder ----------------------------------------------------------------------

@@ -257,6 +257,12 @@ def test_a_stopped_run_resumes_to_the_same_end_with_the_same_data_order(tmp_path
     after, before = losses_of(resumed), losses_of(whole)
     for step in range(1, 7):
         assert after[step] == pytest.approx(before[step], rel=1e-5)  # same batches, same order
+    # the card's speed covers only the steps the resumed process ran (its runtime covers no others)
+    speed = json.loads((tmp_path / "b" / "out" / "training_card.json").read_text())["throughput"]
+    assert (speed["resumed_from_step"], speed["steps_this_process"]) == (3, 3)
+    full = json.loads((tmp_path / "a" / "out" / "training_card.json").read_text())["throughput"]
+    assert (full["resumed_from_step"], full["steps_this_process"]) == (0, 6)
+    assert 0 < speed["tokens"] < full["tokens"]
 
 
 def test_explicit_empty_resume_path_is_refused(tmp_path, tiny_model, amazon_pairs):

@@ -374,16 +374,22 @@ def make_callback(sampler: SampleGenerations):
     return Callback()
 
 
-def throughput(trainer) -> dict:
-    """Tokens per second of this process's training (TRL logs num_tokens) and peak accelerator memory."""
+def throughput(trainer, resumed_from_step: int = 0) -> dict:
+    """Speed of this process's training and peak accelerator memory. A resumed run counts only the steps
+    it ran itself: its runtime covers them, and TRL's token counter (num_tokens) restarts with it."""
     import torch
 
     history = trainer.state.log_history
-    tokens = max((h.get("num_tokens", 0) for h in history), default=0)
+    steps = trainer.state.global_step - resumed_from_step
+    mine = [h["num_tokens"] for h in history if h.get("step", 0) > resumed_from_step and "num_tokens" in h]
+    tokens = max(mine, default=0)
     runtime = next((h["train_runtime"] for h in reversed(history) if "train_runtime" in h), None)
     out = {
+        "resumed_from_step": resumed_from_step,
+        "steps_this_process": steps,
         "tokens": tokens,
         "train_runtime_s": runtime,
+        "seconds_per_step": round(runtime / steps, 2) if runtime and steps else None,
         "tokens_per_second": round(tokens / runtime, 1) if runtime else None,
     }
     if torch.cuda.is_available():
@@ -391,7 +397,16 @@ def throughput(trainer) -> dict:
     return out
 
 
-def write_card(output_dir: str, recipe, training_args, model_args, base: str, trainer, wandb: dict) -> None:
+def write_card(
+    output_dir: str,
+    recipe,
+    training_args,
+    model_args,
+    base: str,
+    trainer,
+    wandb: dict,
+    resumed_from_step: int,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -431,7 +446,7 @@ def write_card(output_dir: str, recipe, training_args, model_args, base: str, tr
             "4bit": model_args.load_in_4bit,
         },
         "steps": trainer.state.global_step,
-        "throughput": throughput(trainer),
+        "throughput": throughput(trainer, resumed_from_step),
         "final_train_loss": train_points[-1][1] if train_points else None,
         "train_losses": [loss for _, loss in train_points],
         "final_eval_loss": eval_points[-1][1] if eval_points else None,
@@ -620,7 +635,10 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
         generation.eos_token_id = tokenizer.eos_token_id  # the chat template's end of turn
         generation.pad_token_id = tokenizer.pad_token_id
         generation.save_pretrained(training_args.output_dir)
-        write_card(training_args.output_dir, recipe, training_args, model_args, base, trainer, wandb_target)
+        start = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
+        write_card(
+            training_args.output_dir, recipe, training_args, model_args, base, trainer, wandb_target, start
+        )
         write_training_data(training_args.output_dir, recipe)
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         if losses and not all(math.isfinite(x) for x in losses):

@@ -142,8 +142,11 @@ def adapter_postdates(adapter: str | None, tasks: list[dict], store: ReviewStore
         return None
     record = json.loads(path.read_text())
     ids = record.get("train_review_ids")
-    latest = store.latest_ts_of(ids) if ids else record.get("latest_target_ts")
-    if latest is None:
+    if not ids:  # an older card, or pairs of another kind: the latest target of all, if recorded
+        latest = record.get("latest_target_ts")
+        if latest is None:
+            return None
+    elif (latest := store.latest_ts_of(ids)) is None:
         return {"latest_training_review": None, "tasks_at_or_before_it": 0, "tasks": len(tasks)}
     return {
         "latest_training_review": format_utc(latest),
