@@ -7,8 +7,8 @@ For each agent config in configs/agents/ (stats, stats-mbr, asc-baseline, retrie
 agents.simulate into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline
 unless --backend official, with the fidelity report) into OUT/eval/KIND. The model-free baselines (each
 user's previous review; the user's mean stars; the item's review nearest the centroid of the user's
-reviews, eval.baselines) are scored too. Writes OUT/compare.md and compare.png (eval.review --compare:
-the metric and the fidelity columns), OUT/agents.md (time per task, parse failures, retries, fallbacks,
+reviews, eval.baselines) are scored too. Writes OUT/compare.md and compare.png (eval.review.compare:
+the metric and the fidelity columns; the paired differences are in claims.md), OUT/agents.md (time per task, parse failures, retries, fallbacks,
 the star models used, where the chosen reviews came from) and OUT/claims.md (paired differences over
 the same tasks with 95% BCa bootstrap intervals, the CLAIMS below), and prints them.
 
