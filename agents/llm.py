@@ -354,7 +354,6 @@ class VLLMBackend:
             from vllm.lora.request import LoRARequest
 
             warn_other_base(config.model, resolve_model(config.model), config.adapter)
-
             rank = json.loads((Path(config.adapter) / "adapter_config.json").read_text())["r"]
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(rank))
             self.lora = LoRARequest("adapter", 1, str(config.adapter))
