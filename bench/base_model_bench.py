@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from itertools import islice
 from pathlib import Path
 
 from data_prep.offline_models import OFFLINE_GEMMA3, OFFLINE_SMOLLM2, resolve_model
@@ -24,7 +25,8 @@ from data_prep.provenance import provenance
 
 
 def texts(pairs: Path, n: int) -> list[str]:
-    rows = [json.loads(line) for line in (pairs / "train.jsonl").open()][:n]
+    with (pairs / "train.jsonl").open() as f:
+        rows = [json.loads(line) for line in islice(f, n)]
     return ["\n".join(m["content"] for m in r["prompt"] + r["completion"]) for r in rows]
 
 

@@ -144,8 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
     claims = ["| claim | metric | difference | 95% CI (paired BCa) | n |", "|---|---|---|---|---|"]
     paired = {}
     every = {**results, **{k: Path(v) for k, v in references.items()}}
+    terms = {name: per_task_terms(folder) for name, folder in every.items()}  # each samples.jsonl once
     for a, b in pairs:
-        ta, tb = per_task_terms(every[a]), per_task_terms(every[b])
+        ta, tb = terms[a], terms[b]
         if ta["task"].tolist() != tb["task"].tolist():
             raise SystemExit(f"error: {a} and {b} were scored on different tasks")
         for metric in ("review_generation", "overall"):
