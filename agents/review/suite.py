@@ -8,7 +8,7 @@ agents.simulate into OUT/sim/KIND (resumable), then the shared evaluator (eval.r
 unless --backend official, with the fidelity report) into OUT/eval/KIND. The model-free baselines (each
 user's previous review; the user's mean stars; the item's review nearest the centroid of the user's
 reviews, eval.baselines) are scored too. Writes OUT/compare.md and compare.png (eval.review.compare:
-the metric and the fidelity columns; the paired differences are in claims.md), OUT/agents.md (time per task, parse failures, retries, fallbacks,
+the metric and the fidelity columns), OUT/agents.md (time per task, parse failures, retries, fallbacks,
 the star models used, where the chosen reviews came from) and OUT/claims.md (paired differences over
 the same tasks with 95% BCa bootstrap intervals, the CLAIMS below), and prints them.
 
@@ -97,11 +97,10 @@ def claims_table(eval_root: Path, names: list[str]) -> str:
         "| claim | metric | difference | 95% CI (paired BCa bootstrap) | resamples > 0 | n |",
         "|" + "---|" * 6,
     ]
+    terms = {name: review.per_task_terms(eval_root / name) for name in names}  # each samples.jsonl once
     for a, b, metric in CLAIMS:
         if a in names and b in names:
-            d = paired_bootstrap(
-                review.per_task_terms(eval_root / a), review.per_task_terms(eval_root / b), metric
-            )
+            d = paired_bootstrap(terms[a], terms[b], metric)
             rows.append(
                 f"| {a} > {b} | {metric} | {d['difference']:+.4f} | [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] | "
                 f"{d['share_of_resamples_above_zero']:.1%} | {d['n']} |"
