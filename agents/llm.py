@@ -19,7 +19,8 @@ as before. After each call, ``unconstrained[i]`` says whether answer i was asked
 backend could not enforce (the agents count it per answer).
 
 - ``hf``: transformers (+ an optional PEFT adapter), batched left-padded generation, greedy when
-  temperature is 0;
+  temperature is 0; ``score`` gives the log-probability of given answers (options) after a prompt, the
+  prompt run once and its cache shared by the options (the sandbox's score decisions);
 - ``vllm``: vLLM's offline engine, with a LoRA request when an adapter is given (``max_lora_rank`` read
   from the adapter's config); vLLM is imported only when this backend is used;
 - ``openai``: any OpenAI-compatible endpoint (a vLLM server, a hosted model). The key comes from the
@@ -27,6 +28,10 @@ backend could not enforce (the agents count it per answer).
   each) take the requests in turn, ``concurrency`` × keys at once (a hosted model's rate limit is per
   key); requests run with a per-request timeout, and the client's retries with exponential backoff
   on 429, 5xx and timeouts.
+
+``Sampling``'s ``repetition_penalty`` and ``no_repeat_ngram_size`` reach the backends that have them
+(each backend's ``decoding_controls``: hf both, vllm the penalty, openai none). ``adapter_off()`` runs a
+block on the base model alone (hf, vllm).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import json
 import logging
 import os
 from collections import Counter
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +164,9 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    # controls against loops, where a backend has them (its ``decoding_controls``); neutral by default
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
 
 
 # LLMConfig settings that change how fast answers come, not what they are: run fingerprints leave them out
@@ -278,6 +287,84 @@ class HFBackend:
         self.info = {"backend": "hf", "model": config.model, "adapter": config.adapter, "device": device}
         self._lltokenizer, self._grammars = None, {}
 
+    decoding_controls = ("repetition_penalty", "no_repeat_ngram_size")
+
+    @contextmanager
+    def adapter_off(self):
+        """The base model alone inside this block (PEFT's disable_adapter); no-op without an adapter."""
+        if hasattr(self.model, "disable_adapter"):
+            with self.model.disable_adapter():
+                yield
+        else:
+            yield
+
+    def score(self, conversations: list[list[dict]], options: list[list[str]], max_rows: int = 64) -> list[list[tuple[float, int]]]:
+        """For each conversation and each of its options: (log-probability, tokens) of the answer
+        ``option`` followed by the end of turn, given the conversation's rendered prompt. Each prompt is
+        run once; its key-value cache is shared by its options, which run together in one more forward
+        pass (``max_rows`` options at most per pass, whole prompts' worth)."""
+        import torch
+
+        device = self.model.device
+        eos = self.tokenizer.eos_token
+        encoded = [[self.tokenizer(t + eos, add_special_tokens=False)["input_ids"] for t in o] for o in options]
+        out: list[list[tuple[float, int]]] = []
+        start = 0
+        while start < len(conversations):
+            end = start + 1  # whole prompts, at most batch_size of them and max_rows options (at least one)
+            while (
+                end < len(conversations)
+                and end - start < self.batch_size
+                and sum(len(o) for o in options[start : end + 1]) <= max_rows
+            ):
+                end += 1
+            batch = self.encode(conversations[start:end]).to(device)
+            mask = batch["attention_mask"]
+            with torch.no_grad():
+                first = self.model(
+                    input_ids=batch["input_ids"],
+                    attention_mask=mask,
+                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0),  # left padding: positions from 0
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            head = torch.log_softmax(first.logits[:, -1].float(), dim=-1)  # the first answer token
+            rows = [i for i in range(end - start) for _ in encoded[start + i]]
+            ids = [x for group in encoded[start:end] for x in group]
+            if not ids:
+                out += [[] for _ in range(start, end)]
+                start = end
+                continue
+            width = max(len(x) for x in ids)
+            tokens = torch.full((len(ids), width), self.tokenizer.pad_token_id, dtype=torch.long)
+            own = torch.zeros((len(ids), width), dtype=torch.long)
+            for k, x in enumerate(ids):
+                tokens[k, : len(x)] = torch.tensor(x)
+                own[k, : len(x)] = 1
+            index = torch.tensor(rows, device=device)
+            cache = first.past_key_values
+            cache.batch_select_indices(index)
+            prompt_mask = mask[index]
+            positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(width, device=device)
+            with torch.no_grad():
+                logits = self.model(
+                    input_ids=tokens.to(device),
+                    attention_mask=torch.cat([prompt_mask, own.to(device)], dim=1),
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=False,
+                ).logits.float()
+            logp = torch.log_softmax(logits, dim=-1).cpu()
+            head = head[index].cpu()
+            results = []
+            for k, x in enumerate(ids):
+                total = float(head[k, x[0]]) + sum(float(logp[k, j - 1, x[j]]) for j in range(1, len(x)))
+                results.append((total, len(x)))
+            for i in range(end - start):
+                out.append([r for r, row in zip(results, rows, strict=True) if row == i])
+            start = end
+        return out
+
     def processor(self, constraint: Constraint):
         """A fresh logits processor for one generate call (it keeps per-row state)."""
         import llguidance.hf
@@ -308,6 +395,10 @@ class HFBackend:
             kwargs = {"do_sample": sampling.temperature > 0}
             if sampling.temperature > 0:
                 kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
+            if sampling.repetition_penalty != 1.0:
+                kwargs["repetition_penalty"] = sampling.repetition_penalty
+            if sampling.no_repeat_ngram_size:
+                kwargs["no_repeat_ngram_size"] = sampling.no_repeat_ngram_size
             if constraint is not None:
                 from transformers import LogitsProcessorList
 
@@ -374,6 +465,17 @@ class VLLMBackend:
             "max_model_len": config.max_model_len,
         }
 
+    decoding_controls = ("repetition_penalty",)
+
+    @contextmanager
+    def adapter_off(self):
+        """The base model alone inside this block (no LoRA request)."""
+        lora, self.lora = self.lora, None
+        try:
+            yield
+        finally:
+            self.lora = lora
+
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
     ) -> list[str]:
@@ -398,6 +500,7 @@ class VLLMBackend:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 seed=sampling.seed + i,
+                repetition_penalty=sampling.repetition_penalty,
                 **extra,
             )
             for i in range(len(conversations))
@@ -425,6 +528,8 @@ def usage(response) -> tuple[int, int] | None:
 
 
 class OpenAIBackend:
+    decoding_controls = ()  # the API's frequency and presence penalties are another thing: none applied
+
     def __init__(self, config: LLMConfig):
         from openai import OpenAI
 

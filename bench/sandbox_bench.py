@@ -38,7 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.retrieval import hashed_bag_of_words
-from agents.sandbox import movielens
+from data_prep import movielens
 from agents.sandbox.social import fit_pareto
 
 

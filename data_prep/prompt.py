@@ -197,3 +197,84 @@ def parse_completion(text: str) -> tuple[float | None, str | None]:
     if review is not None:  # small models sometimes start the format again: keep the first answer
         review = re.split(r"\n\s*(?:stars?|rating|review)\s*[:=]", review, flags=re.IGNORECASE)[0].strip()
     return stars, review or None
+
+
+# -- the recommender sandbox (agents.sandbox, eval.discrimination, data_prep.choice_pairs) ------------------
+
+# The five behaviour features of RecAgent and what each says about a person; a decision's prompt names
+# only the features that bear on it (agents.sandbox.decide says which).
+FEATURE_TEXT = {
+    "Watcher": "you watch a lot of films and rate what you watch",
+    "Explorer": "you explore films beyond your usual genres and search for ones you heard of",
+    "Critic": "you hold films to high standards and criticise freely",
+    "Chatter": "you enjoy private chats with friends and trust their tips",
+    "Poster": "you like posting your opinions for all your friends to read",
+}
+WATCH_INSTRUCTION = "Which of these movies do you watch next? Answer with its title."
+
+
+def describe_person(
+    name: str,
+    *,
+    gender: str = "",
+    age: int | None = None,
+    career: str = "",
+    traits: str = "",
+    interests: list[str] = (),
+    dislikes: list[str] = (),
+    mean_stars: float | None = None,
+    features: list[str] = (),
+) -> str:
+    """Who a sandbox agent is, in one line: the fields it has, then the given features' meanings."""
+    parts = [name]
+    if gender or age is not None:
+        parts.append(", ".join(str(x) for x in (gender, age) if x not in ("", None)))
+    parts += [text for text in (career, f"traits: {traits}" if traits else "") if text]
+    if interests:
+        parts.append(f"likes {', '.join(interests)}")
+    if dislikes:
+        parts.append(f"cares less for {', '.join(dislikes)}")
+    if mean_stars is not None:
+        parts.append(f"rates films {mean_stars:.1f} stars out of 5 on average")
+    parts += [f"a {f}: {FEATURE_TEXT[f]}" for f in features]
+    return "; ".join(parts)
+
+
+def watched_line(movie_text: str, stars: float, when: str) -> str:
+    """A film someone rated, as their memory holds it."""
+    return f"I watched {movie_text} on {when} and rated it {_stars(stars)} out of 5."
+
+
+def listing_line(number: int, movie_text: str, ratings: int, mean: float | None) -> str:
+    """One film of a page: its number, its text, and what the site shows of its ratings so far."""
+    shown = f"{ratings} ratings, average {mean:.1f}" if ratings and mean is not None else "no ratings yet"
+    return f"{number}. {movie_text} [{shown}]"
+
+
+def build_sandbox_messages(profile: str, memories: list[str], instruction: str, context: str) -> list[dict]:
+    """Every sandbox prompt: the profile summary relevant to the decision, the retrieved memories, the
+    observation (context: the simulated time and what the agent sees) and the instruction."""
+    remembered = "\n".join(f"- {m}" for m in memories) if memories else "- (nothing yet)"
+    return [
+        {"role": "system", "content": f"You are {profile}. Act as this person would, in their own voice."},
+        {
+            "role": "user",
+            "content": f"# What you remember\n{remembered}\n\n# Now\n{context}\n\n# Task\n{instruction}",
+        },
+    ]
+
+
+def rank_memories(relevance, recency, importance, top: int) -> list[int]:
+    """Which long-term memories a sandbox prompt shows (RecAgent, after Generative Agents): the ``top``
+    records by relevance + recency + importance, each min-max normalised over the records (all equal:
+    all 1), ties by position. The sandbox's memory and the choice pairs both call this, so a tuned
+    model trains on the memories it is served."""
+    import numpy as np
+
+    def normalise(values) -> np.ndarray:
+        values = np.asarray(values, dtype=float)
+        span = values.max() - values.min() if len(values) else 0
+        return (values - values.min()) / span if span > 0 else np.ones_like(values)
+
+    score = normalise(relevance) + normalise(recency) + normalise(importance)
+    return sorted(range(len(score)), key=lambda i: (-score[i], i))[:top]

@@ -111,7 +111,7 @@ def rating_prompts(cases, data, history_titles: int) -> list[list[dict]]:
                     memories,
                     "You just watched this movie. How many stars do you give it, from 1 (hated it) to 5 "
                     "(loved it)? Answer with one digit.",
-                    f"The movie: {data.movies[movie].text(tags=False)}",
+                    f"The movie: {data.movies[movie].text()}",
                 )
             )
     return prompts
@@ -233,7 +233,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def run(config, out: Path, n_users: int, held: int, methods: list[str], backend=None) -> dict:
-    from agents.sandbox import movielens
+    from data_prep import movielens
 
     data = movielens.load(config.data)
     rng = np.random.default_rng(config.seed)

@@ -197,7 +197,7 @@ def score(cases, picks) -> dict:
 def run(config, out: Path, n_users: int, methods: list[str], backend=None, encoder=None) -> dict:
     from collections import Counter
 
-    from agents.sandbox import movielens
+    from data_prep import movielens
 
     data = movielens.load(config.data)
     rng = np.random.default_rng(config.seed)

@@ -41,6 +41,12 @@ def distinct(tokenised: list[list[str]], n: int) -> float:
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
+def repeats_ngram(tokenised: list[str], n: int = 4) -> bool:
+    """Whether some n-gram of these words occurs twice (a message stuck in a loop)."""
+    grams = [tuple(tokenised[i : i + n]) for i in range(len(tokenised) - n + 1)]
+    return len(set(grams)) < len(grams)
+
+
 def fidelity(
     pred_stars: Iterable[float],
     pred_texts: list[str],

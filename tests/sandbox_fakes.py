@@ -26,11 +26,13 @@ class Scripted:
         name = conversation[0]["content"].removeprefix("You are ").split(";")[0].split(".")[0]
         text = conversation[-1]["content"]
         if constraint.kind == "choice":
+            if "recommender" not in constraint.options:  # another choice (chat or post, a contact, stars)
+                return constraint.options[0]
             return "not a place" if "place" in self.broken else self.places.get(name, "nothing")
         schema = json.loads(constraint.schema)
         keys = set(schema["properties"])
         if "summary" in keys:
-            return json.dumps({"summary": text.split("\n")[-1][:80] or "noted", "importance": 8})
+            return json.dumps({"summary": text.split("\n")[-1][:200] or "noted", "importance": 8})
         if "action" in keys and "items" in keys:
             return (
                 "{broken"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from agents.sandbox.movielens import Movie, MovieLens, Rating
+from data_prep.movielens import Movie, MovieLens, Rating
 from eval import alignment as al
 
 

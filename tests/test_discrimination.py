@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from agents.sandbox.movielens import Movie, MovieLens, Rating
+from data_prep.movielens import Movie, MovieLens, Rating
 from eval import discrimination as d
 
 

@@ -80,14 +80,63 @@ def test_the_forgetting_formula_by_hand():
     assert g == pytest.approx([0.875, 0.271, 0.985])
 
 
-def test_forgetting_draws_from_the_run_generator_and_keeps_the_recent_and_important():
-    mem, _ = memory([])
+@pytest.mark.parametrize(("scale", "draw", "forgotten"), [(1.0, 0.5, 1), (0.1, 0.5, 0), (0.1, 0.05, 1)])
+def test_forgetting_is_proportional_to_g_and_keeps_the_recent_and_important(scale, draw, forgotten):
+    mem, _ = memory([], forget_scale=scale)
     mem.long = [
         Record("fresh and vital", 0.99, 9, 10, [1, 0, 0, 0]),  # g = 1 - 0.99 * 0.98 ~ 0.03
         Record("old and trivial", 0.01, 0, 0, [0, 1, 0, 0]),  # recency 0.99^10 = 0.904, s = 0.01: g ~ 0.62
     ]
-    mem.rng = type("Draws", (), {"random": lambda self, n: np.array([0.5, 0.5])})()
-    assert mem.forget(now=10) == 1 and [r.text for r in mem.long] == ["fresh and vital"]
+    # the probability is scale x g: 0.62 and 0.062 for the old record, 0.03 and 0.003 for the fresh one
+    mem.rng = type("Draws", (), {"random": lambda self, n: np.array([draw, draw])})()
+    assert mem.forget(now=10) == forgotten
+    assert [r.text for r in mem.long] == ["fresh and vital", "old and trivial"][: 2 - forgotten]
+
+
+def test_a_new_record_enhances_every_alike_short_term_record():
+    mem, _ = memory([compressed("comedy three", 9)], enhance_times=5)
+    mem.short = [
+        Record("comedy one", 0.5, 1, 1, embed(["comedy"])[0]),
+        Record("horror", 0.5, 1, 1, embed(["horror"])[0]),
+        Record("comedy two", 0.6, 1, 1, embed(["comedy"])[0]),
+    ]
+    mem.observe(["c"], now=2)
+    assert [(r.text, r.enhanced, r.enhancers) for r in mem.short] == [
+        ("comedy one", 1, ["comedy three"]),
+        ("horror", 0, []),
+        ("comedy two", 1, ["comedy three"]),
+    ]
+    assert mem.counts["enhanced"] == 2 and [r.importance for r in mem.short] == [0.9, 0.5, 0.9]
+
+
+def history(n):
+    return [Record(f"film {k}", 0.5, -10 + k, -10 + k, None, kind="history", key=f"film {k}") for k in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("switches", "short", "long"),
+    [({}, 2, 3), ({"short_term": False}, 0, 5), ({"long_term": False}, 2, 0), ({"short_term": False, "long_term": False}, 0, 0)],
+)
+def test_the_real_past_seeds_short_and_long_term_and_the_ablations_turn_parts_off(switches, short, long):
+    mem, _ = memory([], short_term_capacity=2, **switches)
+    mem.seed(history(5))
+    assert [r.text for r in mem.short] == [f"film {k}" for k in range(5 - short, 5)]  # the newest
+    assert len(mem.long) == long and all(r.kind == "history" for r in mem.short + mem.long)
+    assert all(np.array_equal(r.embedding, embed([r.key])[0]) for r in mem.short + mem.long)  # by its film
+    assert mem.counts["dropped_no_long_term"] == (0 if switches.get("long_term", True) else 5 - short)
+
+
+def test_ablations_route_new_memories_and_stop_reflection():
+    mem, backend = memory([compressed("comedy one", 6)], short_term=False)
+    mem.observe(["a"], now=1)
+    assert mem.short == [] and [r.text for r in mem.long] == ["comedy one"]
+    mem, backend = memory([compressed("comedy one", 6)], long_term=False, short_term_capacity=1)
+    mem.short = [Record("horror", 0.5, 0, 0, embed(["horror"])[0])]
+    mem.observe(["a"], now=1)  # the horror record leaves short-term with nowhere to go
+    assert [r.text for r in mem.short] == ["comedy one"] and mem.long == [] and mem.counts["dropped_no_long_term"] == 1
+    mem, backend = memory([], reflection=False)
+    mem.seed(history(20))
+    assert mem.reflect(now=1) is None and backend.calls == []
 
 
 def test_retrieval_ranks_by_normalised_relevance_recency_importance_and_refreshes_access():
@@ -137,8 +186,10 @@ def test_unusable_answers_fall_back_and_are_counted_never_clamped():
 def test_a_checkpoint_restores_the_same_next_state():
     answers = [compressed("comedy one", 6), compressed("horror", 5), compressed("comedy two", 7)]
     mem, _ = memory(answers + answers)
+    mem.seed(history(3))
     mem.observe(["a", "b"], now=1)
     state = json.loads(json.dumps(mem.to_json()))  # through JSON text, as on disk
+    assert all("embedding" not in r for r in state["short"] + state["long"])  # recomputed on load
     twin, _ = memory(answers[2:])
     twin.load_json(state)
     mem.model.backend.answers = answers[2:]

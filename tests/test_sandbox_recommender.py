@@ -6,7 +6,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from agents.sandbox import movielens
+from data_prep import movielens
 from agents.sandbox.config import RecommenderConfig
 from agents.sandbox.recommender import Feed, MFRecommender, PopularityRecommender
 

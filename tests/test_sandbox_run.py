@@ -157,7 +157,7 @@ def test_a_missing_data_folder_is_fetched_when_asked_and_an_error_otherwise(raw,
     import threading
     import zipfile
 
-    from agents.sandbox import movielens
+    from data_prep import movielens
     from agents.sandbox import run as runner
 
     source = raw / "movielens_latest_small"

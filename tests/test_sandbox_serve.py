@@ -72,9 +72,16 @@ def test_the_views_answer_and_a_step_plays_one_round(served):
     assert len(agents) == 4 and {"name", "interests", "features", "activity"} <= set(agents[0])
     name = agents[0]["name"]
     assert [a["name"] for a in client.get("/api/agents", params={"q": name}).json()] == [name]
-    assert client.get("/api/agents", params={"feature": "Poster"}).json() == []  # none has features
+    posters = client.get("/api/agents", params={"feature": "Poster"}).json()
+    assert sorted(a["name"] for a in posters) == sorted(a["name"] for a in agents if "Poster" in a["features"])
     card = client.get(f"/api/agents/{name}").json()
-    assert card["profile"]["name"] == name and set(card["memory"]) == {"short_term", "long_term", "insights"}
+    assert card["profile"]["name"] == name and {"short_term", "long_term", "insights"} <= set(card["memory"])
+    # the real history the agent stands for, the newest first, and the memories it started with
+    real = card["real_history"]
+    assert real["ratings"] == agents[0]["history"] > 0 and len(real["last"]) == min(20, real["ratings"])
+    assert real["last"][0]["date"] >= real["last"][-1]["date"] and real["last"][0]["title"]
+    assert card["memory"]["started_with"] == real["ratings"]
+    assert {r["kind"] for r in card["memory"]["short_term"]} == {"history"}
     assert client.get("/api/agents/Nobody").status_code == 404
     graph = client.get("/api/graph").json()
     assert len(graph["nodes"]) == 4 and all(len(edge) == 2 for edge in graph["edges"])

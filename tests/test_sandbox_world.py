@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sandbox_fakes import Scripted, embed
 
-from agents.sandbox import movielens
+from data_prep import movielens
 from agents.sandbox.config import load_config
 from agents.sandbox.profiles import movielens_profiles
 from agents.sandbox.world import PLACES, World
@@ -23,11 +23,10 @@ def ml(raw):
 def world(ml, backend, overrides=(), n=5):
     config = load_config(None, ["recommender.kind=popularity", "activity.pareto_xmin=1", *overrides])
     rng = np.random.default_rng(config.seed)
-    profiles = movielens_profiles(ml, n, rng)
+    profiles = movielens_profiles(ml, n, ml.end, rng, config.features, config.min_history)
     names = [p.name for p in profiles]
     graph = {name: {other for other in names if other != name} for name in names}  # everyone knows everyone
-    history = [(r.user, r.movie) for r in ml.ratings]
-    return World(config, profiles, ml.movies, history, backend, embed, graph, rng)
+    return World(config, profiles, ml, backend, embed, graph, rng)
 
 
 def test_a_post_reaches_every_contact_in_batched_calls(ml):
@@ -42,7 +41,9 @@ def test_a_post_reaches_every_contact_in_batched_calls(ml):
     assert post[0]["audience"] == contacts and w.counts["post_deliveries"] == len(contacts)
     for name in contacts:  # in each contact's memory
         assert any(f"{poster} says hello" in r.text for r in w.agents[name].memory.short)
-    assert backend.batches == [5, 1, 5]  # places (all), the poster's decision, one batch for all memories
+    # the agents' first reflection on their history, then the places (all), the poster's decision and one
+    # batch for all memories
+    assert backend.batches == [5, 5, 1, 5]
 
 
 def test_watching_goes_into_memory_and_the_recommender_history(ml):
@@ -52,8 +53,10 @@ def test_watching_goes_into_memory_and_the_recommender_history(ml):
     assert stats["watches"] == len(watches) == 5 and stats["exposure_genre_entropy"] > 0
     for event in watches:
         agent = w.agents[event["agent"]]
-        assert agent.watched == [event["item"]] and event["item"] not in w.known[event["agent"]]
-        assert any("liked it" in r.text for r in agent.memory.short)
+        assert agent.watched == [event["item"]] and event["item"] not in {m for m, _, _ in agent.profile.history}
+        remembered = [t for r in agent.memory.short for t in (r.text, *r.enhancers)]
+        assert any(f"liked it" in t and f"rated it {event['stars']:g} out of 5" in t for t in remembered)
+        assert 0.5 <= event["stars"] <= 5 and event["rated_by"]  # the star model's, and which candidate
 
 
 def test_unusable_answers_fall_back_and_are_counted(ml):

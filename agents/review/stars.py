@@ -4,13 +4,13 @@ Every prediction is made *as of a moment t* and uses only ratings strictly older
 block set already hides the task pairs). Under the official AgentSociety visibility, t is "after
 everything" for the tasks: every visible rating counts.
 
-Candidates, each clipped to 1-5 (as delivered) and also rounded to whole stars (PE rewards it when
-ratings are integers):
+Candidates, each clipped to the rating scale (1-5 by default; MovieLens's is 0.5-5) as delivered and also
+rounded to whole stars (PE rewards it when ratings are integers):
 
 - ``global_mean``: mu(t), the mean of all ratings before t;
 - ``user_mean_shrinkL``: the user's mean before t shrunk towards mu(t) with strength L;
-- ``user_median``: the median of the user's ratings before t (each counted on the half-star grid of
-  1-5, which is exact for every platform here; the candidate set never depends on the data);
+- ``user_median``: the median of the user's ratings before t (each counted on the half-star grid of the
+  scale, which is exact for every platform here; the candidate set never depends on the data);
 - ``bias_lambdaL``: mu(t) + b_user(t) + b_item(t), Koren's decoupled baseline: b_item(t) =
   sum(r - mu(t)) / (n + L) over the item's ratings before t; b_user(t) = sum(e) / (n + L) over the
   user's ratings before t, where e = r - mu(t_r) - b_item(t_r) is each rating's residual against the
@@ -47,7 +47,7 @@ BIAS_STRENGTH = (1.0, 5.0, 20.0)
 BLEND_WEIGHTS = (0.0, 0.25, 0.5, 0.75)  # weight of the model; 0 = the LLM's stars alone
 DEFAULT = "user_mean_shrink3"  # used while too few validation rows precede a task
 EMPTY_PRIOR = 3.0  # mu before the first rating of the store
-MEDIAN_GRID = np.arange(1.0, 5.01, 0.5)  # the median counts ratings on the half-star grid of 1-5
+SCALE = (1.0, 5.0)  # the review platforms' stars; MovieLens (the sandbox) rates 0.5-5
 BLEND_Z = 2.4977  # one-sided 95% with Bonferroni over the 8 blends: the normal quantile of 1 - 0.05/8
 
 
@@ -87,9 +87,11 @@ class Segments:
 class History:
     """Every visible rating, indexed for "as of t" statistics."""
 
-    def __init__(self, ratings: list[Rating]):
+    def __init__(self, ratings: list[Rating], scale: tuple[float, float] = SCALE):
         if not ratings:
             raise ValueError("no visible reviews to fit a star model on")
+        self.scale = scale
+        self.grid = np.arange(scale[0], scale[1] + 0.01, 0.5)  # the median counts ratings on half stars
         review, user, item, ts, stars = zip(*ratings, strict=True)
         self.review_ids = np.array(review)
         users, self.u = np.unique(np.array(user), return_inverse=True)
@@ -110,8 +112,8 @@ class History:
         for segments in (self.user, self.item):
             segments.add("n", ones)
             segments.add("sum", self.stars)
-        on_grid = np.clip(np.rint(self.stars * 2) / 2, 1, 5)  # exact for 1-5 and half-star scales
-        for v in MEDIAN_GRID:
+        on_grid = np.clip(np.rint(self.stars * 2) / 2, *scale)  # exact for whole and half-star scales
+        for v in self.grid:
             self.user.add(f"count={v}", (on_grid == v).astype(np.float64))
         # each rating's residual against the item's bias at its own time, for b_user
         mu = self.mu(self.ts)
@@ -148,18 +150,18 @@ class History:
             b_item = (sum_i - n_i * mu) / (n_i + lam)
             b_user = self.user.total(f"residual{lam:g}", us, ue) / (n_u + lam)
             out[f"bias_lambda{lam:g}"] = mu + b_user + b_item
-        for name in list(out):  # every candidate as it is delivered: within 1-5
-            out[name] = np.clip(out[name], 1, 5)
-            out[f"{name}_rounded"] = np.clip(np.rint(out[name]), 1, 5)
+        for name in list(out):  # every candidate as it is delivered: within the scale
+            out[name] = np.clip(out[name], *self.scale)
+            out[f"{name}_rounded"] = np.clip(np.rint(out[name]), *self.scale)
         return out
 
     def _median(self, start: np.ndarray, end: np.ndarray, n: np.ndarray, mu: np.ndarray) -> np.ndarray:
-        counts = np.stack([self.user.total(f"count={v}", start, end) for v in MEDIAN_GRID], axis=1)
+        counts = np.stack([self.user.total(f"count={v}", start, end) for v in self.grid], axis=1)
         cumulative = np.cumsum(counts, axis=1)
         k = n.astype(np.int64)
         low = np.argmax(cumulative > ((k - 1) // 2)[:, None], axis=1)
         high = np.argmax(cumulative > (k // 2)[:, None], axis=1)
-        return np.where(k > 0, (MEDIAN_GRID[low] + MEDIAN_GRID[high]) / 2, mu)
+        return np.where(k > 0, (self.grid[low] + self.grid[high]) / 2, mu)
 
 
 class PrequentialChoice:
@@ -218,8 +220,10 @@ class StarModel:
     """Time-aware calibrated stars: ``predict`` for tasks, with the candidate chosen per task on the
     validation rows older than it, and optionally blended with the LLM's stars."""
 
-    def __init__(self, ratings: list[Rating], min_validation: int = 30, min_blend: int = 8):
-        self.history = h = History(ratings)
+    def __init__(
+        self, ratings: list[Rating], min_validation: int = 30, min_blend: int = 8, scale: tuple[float, float] = SCALE
+    ):
+        self.history = h = History(ratings, scale)
         start, end = h.user.before(h.u, h.ts)
         rows = np.flatnonzero(end > start)  # the user has an older rating: a validation row
         self.validation_rows = rows
@@ -299,4 +303,4 @@ class StarModel:
                     blended = w * values[k] + (1 - w) * llm_stars[k]
                     values[k] = np.rint(blended) if option.endswith("_rounded") else blended
                     names[k] = f"{option}:{names[k]}"
-        return np.clip(values, 1, 5).tolist(), names
+        return np.clip(values, *h.scale).tolist(), names

@@ -2,19 +2,27 @@
 from a prompt; combinable.
 
 A profile has an id, a unique name, gender, age, traits, career, interests and any of the five
-behaviour features (Watcher, Explorer, Critic, Chatter, Poster). A MovieLens-aligned profile takes its
-interests (the user's most liked genres) and watched history (full titles, oldest first) from the
-user's ratings; MovieLens has no demographics, so those fields stay empty unless a handcrafted profile
-of the same id supplies them (``combine``), or the LLM writes them (``written_by_llm``: from a prompt
-describing the population, it fills every field a profile lacks, seeing what the profile already has;
-one batched structured call; handcrafted fields are never replaced).
+behaviour features (Watcher, Explorer, Critic, Chatter, Poster). A MovieLens-aligned profile stands for
+one user at the run's start: its history is the user's ratings strictly before the start (film, stars,
+time; the agent's memory starts with them), its taste comes from those ratings (most liked genres,
+genres cared less for, the mean rating: data_prep.movielens.user_at), and its behaviour features are
+what the data shows where it can (Watcher, Explorer, Critic; ``features.from_data``) and drawn with
+the run's generator otherwise (each with probability ``features.sample_share``; Chatter and Poster
+always, since MovieLens has no social data). ``feature_sources`` says which is which. MovieLens has no
+demographics, so those fields stay empty unless a handcrafted profile of the same user supplies them
+(``combine``), or the LLM writes them (``written_by_llm``: from a prompt describing the population, it
+fills every field a profile lacks, seeing what the profile already has; one batched structured call;
+handcrafted fields are never replaced).
 
 Bad input is an error naming the file and the row, raised before any LLM call: a missing column or
 field, an unknown behaviour feature, a duplicate id or name, an age that is not a whole number in
-[0, 120].
+[0, 120], a ``user`` that is not a MovieLens user of the data or has fewer ratings before the start
+than ``min_history``.
 
-CSV columns: id, name, gender, age, traits, career, interests, features (interests and features
-separated by ';'; features may be empty). YAML: a list of mappings with the same keys (lists as lists).
+CSV columns: id, name, gender, age, traits, career, interests, features, and optionally user
+(interests and features separated by ';'; features may be empty; user is the MovieLens user the agent
+stands for, by default the one whose id is the profile's id, if the data has it). YAML: a list of
+mappings with the same keys (lists as lists).
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ import numpy as np
 import yaml
 
 from agents.sandbox.config import FEATURES
+from data_prep.movielens import day, user_at
+from data_prep.prompt import describe_person
 
 REQUIRED = ("id", "name", "gender", "age", "traits", "career", "interests")
 
@@ -46,22 +56,33 @@ class Profile:
     career: str = ""
     interests: list[str] = field(default_factory=list)
     features: list[str] = field(default_factory=list)
-    watched: list[str] = field(default_factory=list)  # titles, oldest first
     source: str = "handcrafted"  # handcrafted | movielens | llm, joined by + when combined
+    user: int | None = None  # the MovieLens user it stands for
+    dislikes: list[str] = field(default_factory=list)
+    mean_stars: float | None = None
+    history: list[list] = field(default_factory=list)  # [movie, stars, ts] before the start, oldest first
+    start: int | None = None  # the moment the history ends (exclusive)
+    feature_sources: dict[str, str] = field(default_factory=dict)  # feature -> data | sampled | handcrafted | llm
 
-    def summary(self) -> str:
-        parts = [self.name]
-        if self.gender or self.age is not None:
-            parts.append(", ".join(str(x) for x in (self.gender, self.age) if x not in ("", None)))
-        if self.career:
-            parts.append(self.career)
-        if self.traits:
-            parts.append(f"traits: {self.traits}")
-        if self.interests:
-            parts.append(f"likes {', '.join(self.interests)}")
-        if self.features:
-            parts.append(f"a {', '.join(self.features)}")
-        return "; ".join(parts)
+    def summary(self, features: tuple[str, ...] | None = None) -> str:
+        """Who the agent is; ``features``: only those of its features that bear on the decision at hand
+        (None: all of them)."""
+        return describe_person(
+            self.name,
+            gender=self.gender,
+            age=self.age,
+            career=self.career,
+            traits=self.traits,
+            interests=self.interests,
+            dislikes=self.dislikes,
+            mean_stars=self.mean_stars,
+            features=[f for f in self.features if features is None or f in features],
+        )
+
+    def titles(self, movies: dict, last: int | None = None) -> list[str]:
+        """The titles of the history, oldest first (the last ``last`` of them)."""
+        rows = self.history[-last:] if last else self.history
+        return [movies[movie].title for movie, _, _ in rows]
 
 
 def _split(value) -> list[str]:
@@ -90,9 +111,15 @@ def _profile(row: dict, where: str) -> Profile:
         raise ProfileError(
             f"{where}: unknown behaviour feature {unknown[0]!r} (one of {', '.join(FEATURES)})"
         )
-    extra = sorted(set(row) - set(REQUIRED) - {"features"})
+    extra = sorted(set(row) - set(REQUIRED) - {"features", "user"})
     if extra:
         raise ProfileError(f"{where}: unknown field {extra[0]!r}")
+    user = None
+    if row.get("user") not in (None, ""):
+        try:
+            user = int(row["user"])
+        except (TypeError, ValueError):
+            raise ProfileError(f"{where}: user {row['user']!r} is not a whole number") from None
     return Profile(
         pid,
         str(row["name"]).strip(),
@@ -102,6 +129,8 @@ def _profile(row: dict, where: str) -> Profile:
         str(row["career"]).strip(),
         _split(row["interests"]),
         features,
+        user=user,
+        feature_sources=dict.fromkeys(features, "handcrafted"),
     )
 
 
@@ -137,55 +166,93 @@ def check_unique(profiles: list[Profile], where: list[str]) -> None:
         seen_ids[profile.id], seen_names[profile.name] = place, place
 
 
-def movielens_profiles(
-    data, n: int, rng: np.random.Generator, liked: float = 4.0, top_genres: int = 3
-) -> list[Profile]:
-    """n MovieLens users drawn with the run's generator: interests are the genres of the movies they
-    rated at least ``liked`` (most frequent first, ties by name), watched is every movie they rated,
-    oldest first (by time, then movie id)."""
-    by_user = data.by_user()
-    users = sorted(by_user)
+def movielens_profiles(data, n: int, start: int, rng: np.random.Generator, features, min_history: int = 1) -> list[Profile]:
+    """n MovieLens users with at least ``min_history`` ratings before ``start``, drawn with the run's
+    generator, as aligned profiles at ``start`` (see aligned_profiles)."""
+    users = sorted(u for u in data.by_user() if len(data.history(u, start)) >= max(min_history, 1))
     if n > len(users):
-        raise ProfileError(f"{n} agents asked for, but the data has {len(users)} users")
+        raise ProfileError(
+            f"{n} agents asked for, but the data has {len(users)} users with at least {max(min_history, 1)} "
+            f"ratings before the start ({day(start)})"
+        )
     chosen = sorted(int(u) for u in rng.choice(users, size=n, replace=False))
-    return aligned_profiles(data, chosen, liked, top_genres)
+    return aligned_profiles(data, chosen, start, rng, features, min_history)
 
 
-def aligned_profiles(data, users: list[int], liked: float = 4.0, top_genres: int = 3) -> list[Profile]:
-    """The profiles of these MovieLens users (see movielens_profiles); a user without ratings is an
-    error."""
+def sample_features(known: list[str], estimated: set[str], rng: np.random.Generator, share: float) -> dict[str, str]:
+    """Every feature the data did not settle (not in ``estimated``) drawn with probability ``share``;
+    returns feature -> source, in the order of FEATURES."""
+    out = {}
+    for feature in FEATURES:
+        if feature in estimated:
+            if feature in known:
+                out[feature] = "data"
+        elif rng.random() < share:
+            out[feature] = "sampled"
+    return out
+
+
+def aligned_profiles(
+    data, users: list[int], start: int, rng: np.random.Generator, features, min_history: int = 1
+) -> list[Profile]:
+    """The profiles of these MovieLens users as they were at ``start``: history and taste from their
+    ratings strictly before it, features from the data where ``features.from_data`` (Watcher, Explorer,
+    Critic) and drawn otherwise. A user the data does not have, or with fewer than ``min_history``
+    ratings before the start, is an error."""
     by_user = data.by_user()
     unknown = [u for u in users if u not in by_user]
     if unknown:
         raise ProfileError(f"no MovieLens user {unknown[0]} in the data")
     profiles = []
     for user in users:
-        ratings = by_user[user]
-        genres = Counter(g for r in ratings if r.stars >= liked for g in data.movies[r.movie].genres)
-        genres.pop("(no genres listed)", None)
-        interests = [g for g, _ in sorted(genres.items(), key=lambda kv: (-kv[1], kv[0]))[:top_genres]]
-        watched = [data.movies[r.movie].title for r in ratings]
+        now = user_at(data, user, start)
+        if len(now.history) < max(min_history, 1):
+            raise ProfileError(
+                f"MovieLens user {user} has {len(now.history)} ratings before the start ({day(start)}); "
+                f"min_history is {max(min_history, 1)}"
+            )
+        estimated = {"Watcher", "Explorer", "Critic"} if features.from_data else set()
+        sources = sample_features(now.features, estimated, rng, features.sample_share)
         profiles.append(
-            Profile(user, f"User {user}", interests=interests, watched=watched, source="movielens")
+            Profile(
+                user,
+                f"User {user}",
+                interests=now.interests,
+                features=list(sources),
+                source="movielens",
+                user=user,
+                dislikes=now.dislikes,
+                mean_stars=round(now.mean_stars, 2),
+                history=[[r.movie, r.stars, r.ts] for r in now.history],
+                start=start,
+                feature_sources=sources,
+            )
         )
     return profiles
 
 
 def combine(aligned: list[Profile], handcrafted: list[Profile]) -> list[Profile]:
     """Handcrafted fields (name, demographics, traits, career, features; interests when given) over
-    MovieLens-aligned profiles of the same id; the watched history stays the data's."""
-    by_id = {p.id: p for p in handcrafted}
+    MovieLens-aligned profiles of the same user; the history and the taste stay the data's."""
+    by_user = {h.user if h.user is not None else h.id: h for h in handcrafted}
     out = []
     for profile in aligned:
-        hand = by_id.get(profile.id)
+        hand = by_user.get(profile.user)
         if hand is None:
             out.append(profile)
             continue
         out.append(
             replace(
-                hand,
+                profile,
+                id=hand.id,
+                name=hand.name,
+                gender=hand.gender,
+                age=hand.age,
+                traits=hand.traits,
+                career=hand.career,
                 interests=hand.interests or profile.interests,
-                watched=profile.watched,
+                features=hand.features or profile.features,
+                feature_sources=hand.feature_sources if hand.features else profile.feature_sources,
                 source="movielens+handcrafted",
             )
         )
@@ -198,7 +265,7 @@ def placeholder_name(profile: Profile) -> bool:
 
 
 def written_by_llm(
-    profiles: list[Profile], backend, prompt: str, rng: np.random.Generator
+    profiles: list[Profile], backend, prompt: str, rng: np.random.Generator, movies: dict | None = None
 ) -> tuple[list[Profile], dict]:
     """The LLM fills every empty field of these profiles (and a MovieLens placeholder name) from
     ``prompt``, a description of the population, and what each profile already has; one batched call
@@ -221,12 +288,13 @@ def written_by_llm(
         },
         features={"type": "array", "items": {"type": "string", "enum": list(FEATURES)}, "maxItems": 3},
     )
+    titles = {p.id: p.titles(movies, 5) if movies and p.history else [] for p in profiles}
     conversations = []
     for profile in profiles:
         about = profile.summary()
         if placeholder_name(profile):
             about = about.removeprefix(profile.name).removeprefix("; ")
-        recent = f" Films they watched lately: {'; '.join(profile.watched[-5:])}." if profile.watched else ""
+        recent = f" Films they watched lately: {'; '.join(titles[profile.id])}." if titles[profile.id] else ""
         ask = (
             f"Invent one person of this population: {prompt}\n"
             f"What is known about them: {about or 'nothing yet'}.{recent}\n"
@@ -265,6 +333,7 @@ def written_by_llm(
                 report["blank_interests"] = report.get("blank_interests", 0) + 1
         if not profile.features:
             written["features"] = list(dict.fromkeys(value["features"]))  # the schema allows only the five
+            written["feature_sources"] = dict.fromkeys(written["features"], "llm")
         report["written"][profile.id] = written
         out.append(replace(profile, **written, source=f"{profile.source}+llm" if written else profile.source))
     check_unique(out, [f"profile {p.id}" for p in out])
@@ -273,5 +342,8 @@ def written_by_llm(
 
 def to_yaml(profiles: list[Profile]) -> str:
     """Profiles as a handcrafted YAML file (``profiles:`` in a config reads it back)."""
-    rows = [{key: getattr(p, key) for key in (*REQUIRED, "features")} for p in profiles]
+    rows = [
+        {key: getattr(p, key) for key in (*REQUIRED, "features")} | ({"user": p.user} if p.user is not None else {})
+        for p in profiles
+    ]
     return yaml.safe_dump(rows, sort_keys=False, allow_unicode=True)

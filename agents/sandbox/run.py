@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +32,9 @@ from tqdm import tqdm
 
 from agents.llm import EXECUTION_FIELDS
 from agents.runs import Lock, write_json
-from agents.sandbox import movielens
 from agents.sandbox.config import FEATURES, as_dict, load_config
 from agents.sandbox.profiles import (
+    ProfileError,
     aligned_profiles,
     combine,
     load_profiles,
@@ -43,7 +44,8 @@ from agents.sandbox.profiles import (
 )
 from agents.sandbox.social import generate_graph, load_edges
 from agents.sandbox.world import World
-from data_prep import fingerprint
+from data_prep import fingerprint, movielens
+from data_prep.movielens import day, parse_moment
 from data_prep.provenance import provenance
 
 
@@ -60,26 +62,40 @@ def keep_rounds(path: Path, last: int) -> None:
         path.write_text("".join(line + "\n" for line in kept))
 
 
+def make_profiles(config, data, start: int, rng: np.random.Generator) -> list:
+    """The run's profiles: handcrafted ones over the MovieLens users they name (``user``, else the one
+    with their id, if the data has it), or ``agents`` users drawn with the run's generator; each aligned
+    profile at the start."""
+    if not config.profiles:
+        return movielens_profiles(data, config.agents, start, rng, config.features, config.min_history)
+    handcrafted = load_profiles(config.profiles)
+    users = set(data.by_user())
+    for hand in handcrafted:
+        if hand.user is not None and hand.user not in users:
+            raise ProfileError(f"{config.profiles}: profile {hand.name!r} names MovieLens user {hand.user}, not in {config.data}")
+    key = {h.id: h.user if h.user is not None else h.id for h in handcrafted}
+    aligned = aligned_profiles(data, sorted(key[h.id] for h in handcrafted if key[h.id] in users), start, rng, config.features, config.min_history)
+    return combine(aligned, handcrafted) + [h for h in handcrafted if key[h.id] not in users]
+
+
 def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool = True) -> World:
-    """The world for a config: data, profiles, graph, backend and encoder (offline defaults). A world
-    that a checkpoint will restore (``fresh=False``) skips the LLM-written profiles: the checkpoint has
-    them."""
+    """The world for a config: data, profiles at the start, graph, backend and encoder (offline
+    defaults). A world that a checkpoint will restore (``fresh=False``) skips the LLM-written profiles
+    and the agents' start (the checkpoint has them)."""
     data = movielens.load(config.data)
     (out / "rejects.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data.rejects))
     rng = np.random.default_rng(config.seed)
-    if config.profiles:
-        handcrafted = load_profiles(config.profiles)
-        users = set(data.by_user())
-        aligned = aligned_profiles(data, sorted(h.id for h in handcrafted if h.id in users))
-        profiles = combine(aligned, handcrafted) + [h for h in handcrafted if h.id not in users]
-    else:
-        profiles = movielens_profiles(data, config.agents, rng)
+    try:
+        start = parse_moment(config.start, data)
+        profiles = make_profiles(config, data, start, rng)
+    except (ProfileError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
     if backend is None:
         from agents.llm import load_llm
 
         backend = load_llm(config.llm)
     if config.profile_prompt and fresh:
-        profiles, report = written_by_llm(profiles, backend, config.profile_prompt, rng)
+        profiles, report = written_by_llm(profiles, backend, config.profile_prompt, rng, data.movies)
         write_json(out / "profiles_written.json", report)
         (out / "profiles.yaml").write_text(to_yaml(profiles))  # reusable as handcrafted profiles
         print(
@@ -98,11 +114,13 @@ def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool =
         from eval.backends import packaged_minilm
 
         embed = Retriever(packaged_minilm("cpu", 64)).embed
-    agents = {p.id for p in profiles}
-    history = [
-        (r.user, r.movie) for r in data.ratings if config.recommender.train_on == "all" or r.user in agents
-    ]
-    return World(config, profiles, data.movies, history, backend, embed, graph, rng, human)
+    if fresh:
+        aligned = sum(p.user is not None for p in profiles)
+        print(
+            f"{len(profiles)} agents ({aligned} standing for MovieLens users, with their ratings before "
+            f"{day(start)}); starting their memories"
+        )
+    return World(config, profiles, data, backend, embed, graph, rng, human, fresh=fresh)
 
 
 # how to reach the model, not which model (a requeued job gets another port), and how fast it answers
@@ -117,6 +135,9 @@ def run_inputs(config) -> dict:
     data = Path(config.data)
     files = [data / name for name in ("movies.csv", "ratings.csv", "tags.csv") if (data / name).exists()]
     inputs = {"config": settings, "data": fingerprint.digest_files(files, data)}
+    if config.llm.adapter:  # the adapter's weights, not only its folder's name
+        adapter = Path(config.llm.adapter)
+        inputs["adapter"] = fingerprint.digest_files(sorted(adapter.glob("adapter_*")), adapter)
     if config.profiles:
         inputs["profiles"] = fingerprint.digest_files([Path(config.profiles)])
     if config.graph.edges:
@@ -235,12 +256,26 @@ def finish(out: Path, world: World, config) -> dict:
     fig.tight_layout()
     fig.savefig(out / "stats.png", dpi=110)
     plt.close(fig)
+    sampling = world.decider.sampling()
+    asked = [c for c in ("repetition_penalty", "no_repeat_ngram_size") if getattr(sampling, c) not in (1.0, 0)]
+    controls = getattr(world.backend, "decoding_controls", ())
     summary = {
         "rounds": world.round,
         "agents": len(world.agents),
+        "start": {"unix": world.start, "date": day(world.start), "round_days": config.round_days},
         "counts": dict(world.counts),
         "memory_model": dict(world.model.counts),
+        "memories": dict(sum((Counter(a.memory.counts) for a in world.agents.values()), Counter())),
         "totals": {k: sum(r[k] for r in rows) for k in ("watches", "chats", "posts")},
+        "features": {
+            "agents_with": dict(Counter(f for a in world.agents.values() for f in a.profile.features)),
+            "sources": dict(Counter(s for a in world.agents.values() for s in a.profile.feature_sources.values())),
+        },
+        "activity_fit": world.activity_fit,
+        "stars": {"model_report": world.rater.model.report, **world.rater.counts},
+        "decision": as_dict(config)["decision"],
+        "decoding_controls": {"applied": [c for c in asked if c in controls], "not_available": [c for c in asked if c not in controls]},
+        "messages_by": config.text.messages,
         "chat_mode": config.chat,
         "config": as_dict(config),
         "provenance": provenance(["torch", "transformers", "implicit", "numpy"]),
@@ -311,6 +346,8 @@ def edit_profile(state: dict, agent: str, field: str, value: str) -> dict:
     record = {"round": state["round"], "command": "edit", "agent": agent, "field": field}
     record.update(old=entry["profile"][field], new=new)
     entry["profile"][field] = new
+    if field == "features":
+        entry["profile"]["feature_sources"] = dict.fromkeys(new, "edited")
     return record
 
 

@@ -53,6 +53,8 @@ from agents.sandbox.run import (
     play_round,
     resolve_config,
 )
+from data_prep import movielens
+from data_prep.movielens import day
 
 WEB = Path(__file__).parent / "web"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -226,17 +228,17 @@ def create_app(out: Path, runner: Runner | None, token: str | None = None) -> Fa
     api = Depends(authorised)
     titles: dict[int, str] = {}
 
-    def titled(row: dict) -> dict:
-        """An interaction with its movie's title (from the run's data, read once)."""
-        if row.get("item") is None:
-            return row
+    def title(movie: int) -> str | None:
+        """A movie's title (from the run's data, read once)."""
         if not titles and (out / "config.json").exists():
-            from agents.sandbox import movielens
-
             data = Path(json.loads((out / "config.json").read_text())["data"])
             if (data / "movies.csv").exists():
                 titles.update({m.id: m.title for m in movielens.load_movies(data).values()})
-        return {**row, "title": titles.get(row["item"])}
+        return titles.get(movie)
+
+    def titled(row: dict) -> dict:
+        """An interaction with its movie's title."""
+        return row if row.get("item") is None else {**row, "title": title(row["item"])}
 
     @app.get("/")
     def page():
@@ -273,7 +275,8 @@ def create_app(out: Path, runner: Runner | None, token: str | None = None) -> Fa
             if q.lower() not in text or (feature and feature not in p.get("features", [])):
                 continue
             rows.append({"name": p["name"], "id": p["id"], "interests": p["interests"], "features": p["features"],
-                         "activity": round(entry["activity"], 3), "watched": len(entry["watched"])})  # fmt: skip
+                         "activity": round(entry["activity"], 3), "history": len(p.get("history", [])),
+                         "watched": len(entry["rated"])})  # fmt: skip
         return rows
 
     @app.get("/api/agents/{name}", dependencies=[api])
@@ -289,15 +292,24 @@ def create_app(out: Path, runner: Runner | None, token: str | None = None) -> Fa
             for e in read_jsonl(out / "interactions.jsonl")
             if e.get("agent") == name or e.get("partner") == name
         ]
-        profile = {k: v for k, v in entry["profile"].items() if k != "watched"}
+        profile = {k: v for k, v in entry["profile"].items() if k != "history"}
+        real = entry["profile"].get("history", [])
+        start = entry["profile"].get("start")
+        long = sorted(memory["long"], key=lambda r: -r["created"])  # the newest first
         return {
             "profile": profile,
-            "real_history": entry["profile"]["watched"][-20:],
-            "simulated_watches": entry["watched"],
+            "real_history": {  # the user's ratings before the start, the newest first
+                "ratings": len(real),
+                "before": day(start) if start else None,
+                "last": [{"title": title(m), "stars": s, "date": day(t)} for m, s, t in real[-20:][::-1]],
+            },
+            "simulated_watches": entry["rated"],
             "memory": {
-                "short_term": strip(memory["short"]),
-                "long_term": strip([r for r in memory["long"] if r["kind"] == "observation"]),
-                "insights": strip([r for r in memory["long"] if r["kind"] != "observation"]),
+                "short_term": strip(memory["short"][::-1]),
+                "long_term": strip([r for r in long if r["kind"] in ("observation", "history")][:50]),
+                "insights": strip([r for r in long if r["kind"] in ("insight", "reflection")]),
+                "started_with": memory["counts"].get("seeded", 0),
+                "long_term_records": len(memory["long"]),
             },
             "history": [titled(e) for e in events[-50:]],
         }

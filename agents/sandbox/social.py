@@ -1,5 +1,5 @@
-"""Who acts and who knows whom: Pareto activity levels (with the maximum-likelihood fit of alpha to
-real per-user interaction counts) and the social graph (from a CSV of name pairs, or generated, with
+"""Who acts and who knows whom: Pareto activity levels (drawn, or mapped from each user's real count
+through the maximum-likelihood fit of alpha to every user's count) and the social graph (from a CSV of name pairs, or generated, with
 optional homophily by interests). Every draw comes from the run's one generator."""
 
 from __future__ import annotations
@@ -13,6 +13,20 @@ import numpy as np
 def activity_levels(n: int, alpha: float, xmin: float, rng: np.random.Generator) -> np.ndarray:
     """Each agent's probability of acting in a round: Pareto(alpha, xmin) draws, capped at 1."""
     return np.minimum(1.0, xmin * (1 + rng.pareto(alpha, size=n)))
+
+
+def levels_from_counts(
+    counts: list[int], population: list[int], alpha: float, xmin: float
+) -> tuple[dict, np.ndarray]:
+    """Activity levels from real counts: the Pareto law fitted to the population's counts (``fit_pareto``)
+    gives each count its quantile q, and the level is the same quantile of the activity law
+    Pareto(alpha, xmin), capped at 1: xmin * (count / x_min) ** (alpha_counts / alpha). Returns the fit
+    and the levels. A count below the fit's x_min (the smallest population count) is an error."""
+    fit = fit_pareto(population)
+    x = np.asarray(counts, dtype=float)
+    if (x < fit["xmin"]).any():
+        raise ValueError(f"a count of {x.min():g} is below the population's smallest, {fit['xmin']:g}")
+    return fit, np.minimum(1.0, xmin * (x / fit["xmin"]) ** (fit["alpha"] / alpha))
 
 
 def fit_pareto(counts: list[int] | np.ndarray) -> dict:

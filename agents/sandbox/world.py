@@ -1,20 +1,27 @@
 """The sandbox world, round by round: agents with a profile, a memory and actions, a recommender and a
-social network, on a simulated clock.
+social network, on a simulated clock that starts at ``config.start``.
 
-Each round: every agent acts with its own probability (Pareto activity levels). An active agent first
+The world sees only the past of its start: the recommender trains on the ratings before it (and then
+on the simulated clicks), the pages show each film's ratings on the site so far, search reads the
+films' tags written before it, and a watched film's stars come from the review simulator's star model
+fitted on the ratings before it (rating.py). Data-aligned agents start with their users' real history
+(agent.py).
+
+Each round: every agent acts with its own probability (its activity level). An active agent first
 chooses the recommender, the social network or nothing. In the recommender it sees a page and then,
-for up to ``max_steps`` steps, watches one or more of the page's items (writing how it felt), asks for
-the next page, searches by free text or leaves. Socially it chats with a contact (each side speaks from
-its own profile and memory, turn by turn; ``chat: one-call`` writes the whole dialogue in one call,
-labelled) or posts to all its contacts. Everything an agent sees becomes an observation for its memory
-at the end of the round.
+for up to ``MAX_STEPS`` steps, watches (and rates), asks for the next page, searches by free text or
+leaves; in generate mode one JSON answer says which (and which films, and how it felt), in score mode
+it chooses the action and then the film by score (decide.py). Socially it chats with a contact (each
+side speaks from its own profile, memory and recent films, turn by turn; ``chat: one-call`` writes the
+whole dialogue in one call, labelled) or posts to all its contacts; ``text.messages: template`` states
+the film and the stars in a fixed sentence instead of the LLM's words. Everything an agent sees becomes
+an observation for its memory at the end of the round, and the observation is also the query its
+memory recalls by.
 
-Every decision is a structured output (a choice among the valid actions, JSON with item numbers on
-the page), so even a small model gives a valid action; an answer that still cannot be used becomes the
-step's fallback (nothing, leave), counted per kind. LLM calls are batched across the agents of a
-round: one call per decision step for all the agents at that step, one per chat turn for all chats,
-one for all posts, one for all the round's observations (so a post to N contacts costs one batched
-call, not 2N sequential ones).
+Every decision is a structured output or a scored choice (decide.py); an answer that cannot be used
+becomes the step's fallback (nothing, leave), counted per kind. LLM calls are batched across the agents
+of a round: one call per decision step for all the agents at that step, one per chat turn for all
+chats, one for all the round's observations (so a post to N contacts costs one batched call).
 
 All randomness comes from ``self.rng``, the run's one generator; ``state()``/``restore()`` carry
 everything (the generator's state included) as JSON, so a run resumed from a checkpoint continues
@@ -29,13 +36,18 @@ from dataclasses import asdict
 
 import numpy as np
 
-from agents.llm import Constraint, Sampling, count_tokens
+from agents.llm import Constraint
 from agents.retrieval import BM25, top_indices
+from agents.sandbox.agent import DAY, Agent, observation, page_lines, start_agents, watch_messages
+from agents.sandbox.decide import PROMPT_FEATURES, Decider
 from agents.sandbox.memory import LLMMemoryModel, Memory, promote_due, reflect_all
 from agents.sandbox.profiles import Profile
-from agents.sandbox.prompts import frame
+from agents.sandbox.rating import Rater
 from agents.sandbox.recommender import Feed
-from agents.sandbox.social import activity_levels
+from agents.sandbox.social import activity_levels, levels_from_counts
+from data_prep.movielens import day, parse_moment
+from data_prep.prompt import build_sandbox_messages, watched_line
+from eval.fidelity import distinct, repeats_ngram, words
 
 PLACES = ["recommender", "social", "nothing"]
 PLACE_TEXT = {
@@ -43,13 +55,20 @@ PLACE_TEXT = {
     "social": "chat with a friend or post to your friends",
     "nothing": "do nothing for now",
 }
+PAGE_ACTIONS = ["watch", "next", "search", "leave"]
+PAGE_TEXT = {
+    "watch": "watch one of these movies",
+    "next": "ask for another page",
+    "search": "search for a movie",
+    "leave": "leave the recommender",
+}
 MAX_STEPS = 3
 CHAT_TURNS = 2  # each side speaks this often
 
 
 def step_schema(page_size: int) -> Constraint:
     return Constraint.json_object(
-        action={"type": "string", "enum": ["watch", "next", "search", "leave"]},
+        action={"type": "string", "enum": PAGE_ACTIONS},
         # one to page_size item numbers (ignored unless watching): a bounded list, so a small model can
         # neither answer "watch" with nothing nor repeat numbers until it is cut off
         items={
@@ -58,7 +77,7 @@ def step_schema(page_size: int) -> Constraint:
             "minItems": 1,
             "maxItems": page_size,
         },
-        query={"type": "string", "maxLength": 80},
+        query={"type": "string", "maxLength": 80},  # an empty query to search is a counted fallback
         feeling={"type": "string", "maxLength": 200},
     )
 
@@ -72,6 +91,7 @@ def social_schema(contacts: int) -> Constraint:
 
 
 SAY = Constraint.json_object(say={"type": "string", "minLength": 1, "maxLength": 280})
+QUERY = Constraint.json_object(query={"type": "string", "minLength": 1, "maxLength": 80})
 
 
 def parse_json(text: str) -> dict | None:
@@ -82,79 +102,104 @@ def parse_json(text: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-class Agent:
-    def __init__(self, profile: Profile, memory: Memory, activity: float):
-        self.profile, self.memory, self.activity = profile, memory, activity
-        self.watched: list[int] = []  # simulated watches, in order
-        self.inbox: list[str] = []  # observations waiting for the end of the round
+def verdict(stars: float) -> str:
+    return "loved it" if stars >= 4.5 else "liked it" if stars >= 3.5 else "it was all right" if stars >= 2.5 else "not for me"
+
+
+def template_message(kind: str, films: list[tuple[str, float]]) -> str:
+    """A chat line or a post that states the speaker's latest film and its stars (text.messages: template)."""
+    if not films:
+        return "I have not watched anything lately. What about you?" if kind != "post" else "Nothing watched lately."
+    title, stars = films[-1]
+    if kind == "post":
+        return f"Just watched {title}: {stars:g} out of 5, {verdict(stars)}."
+    if kind == "open":
+        return f"I watched {title} and gave it {stars:g} out of 5: {verdict(stars)}. What have you watched lately?"
+    return f"I watched {title} lately, {stars:g} out of 5: {verdict(stars)}."
+
+
+def films_line(films: list[tuple[str, float]]) -> str:
+    shown = "; ".join(f"{title} ({stars:g} of 5)" for title, stars in films)
+    return f"Films you watched lately: {shown or 'none'}."
 
 
 class World:
     def __init__(
-        self, config, profiles, movies, history, backend, embed, graph, rng: np.random.Generator, human=None
+        self, config, profiles: list[Profile], data, backend, embed, graph, rng: np.random.Generator, human=None, fresh: bool = True
     ):
-        """config: SandboxConfig; movies: {id: Movie}; history: real (user, item) clicks that train the
-        recommender; backend: a shared LLM backend (agents/llm.py); embed: texts -> unit vectors;
-        graph: {name: set of names}; human: optional callable standing in for one agent's decisions."""
-        self.config, self.movies, self.backend, self.embed, self.graph = config, movies, backend, embed, graph
-        self.rng, self.human = rng, human
-        self.model = LLMMemoryModel(backend)
-        self.titles = {m.title: m.id for m in movies.values()}
-        self.catalogue = sorted(movies)  # search's corpus, indexed once
-        self.index = BM25([movies[i].text() for i in self.catalogue])
-        levels = activity_levels(
-            len(profiles), config.activity.pareto_alpha, config.activity.pareto_xmin, rng
-        )
-        self.agents = {
-            p.name: Agent(p, Memory(config.memory, embed, self.model, rng), float(level))
-            for p, level in zip(profiles, levels, strict=True)
-        }
-        self.known = self.known_movies()
-        self.history = list(history)
-        self.feed = Feed(config.recommender, list(movies), rng)
+        """config: SandboxConfig; data: the MovieLens data (data_prep.movielens); backend: a shared LLM
+        backend (agents/llm.py); embed: texts -> unit vectors; graph: {name: set of names}; human: an
+        optional player standing in for one agent's decisions; fresh: False for a world a checkpoint
+        will restore (its agents are not started: no seeding, no reflection, no LLM call)."""
+        self.config, self.movies, self.backend, self.embed, self.graph = config, data.movies, backend, embed, graph
+        self.rng = rng
+        self.start = parse_moment(config.start, data)
+        self.counts: Counter = Counter()
+        self.decider = Decider(config, backend, rng, self.counts, human)
+        self.model = LLMMemoryModel(backend, around=self.decider.adapter)
+        past = [r for r in data.ratings if r.ts < self.start]
+        self.past_counts = Counter(r.movie for r in past)  # each film's ratings on the site before the start
+        self.past_stars: Counter = Counter()
+        for r in past:
+            self.past_stars[r.movie] += r.stars
+        self.site, self.site_stars = Counter(self.past_counts), Counter(self.past_stars)  # and in the run
+        self.catalogue = sorted(self.movies)  # search's corpus, indexed once, tags before the start
+        self.index = BM25([self.movies[i].text(tags_before=self.start) for i in self.catalogue])
+        self.activity_fit: dict | None = None
+        levels = self.levels(profiles, data)
+        agents = start_agents(profiles, levels, config, self.movies, embed, self.model, rng) if fresh else []
+        self.agents = {a.profile.name: a for a in agents}
+        users = {p.user for p in profiles}
+        self.history = [(r.user, r.movie) for r in past if config.recommender.train_on == "all" or r.user in users]
+        self.rater = Rater(past, self.decider, config, self.movies)
+        if fresh and config.stars.llm_validation:
+            self.rater.validate(data, self.start, embed, self.model, rng)
+        self.feed = Feed(config.recommender, list(self.movies), rng)
         self.fitted_on: list[tuple[int, int]] = []  # the simulated clicks of the last retraining
         self.feed.train(self.history)
         self.round = 0
-        self.counts: Counter = Counter()
 
-    def known_movies(self) -> dict[str, set[int]]:
-        """Each agent's real watched history (from its profile) as movie ids: never recommended again."""
-        return {
-            name: {self.titles[t] for t in agent.profile.watched if t in self.titles}
-            for name, agent in self.agents.items()
-        }
+    def levels(self, profiles: list[Profile], data) -> np.ndarray:
+        """Activity levels: a data-aligned agent's from its user's count before the start through the
+        Pareto law fitted to every user's count then; the others drawn from the law."""
+        activity = self.config.activity
+        levels = activity_levels(len(profiles), activity.pareto_alpha, activity.pareto_xmin, self.rng)
+        aligned = [k for k, p in enumerate(profiles) if p.history]
+        if activity.from_data and aligned:
+            counts = Counter(r.user for r in data.ratings if r.ts < self.start)
+            fitted, mapped = levels_from_counts(
+                [len(profiles[k].history) for k in aligned], list(counts.values()), activity.pareto_alpha, activity.pareto_xmin
+            )
+            levels[aligned] = mapped
+            self.activity_fit = fitted
+        return levels
 
-    # -- the LLM, batched ----------------------------------------------------------------------------------
-    def ask(
-        self, kind: str, names: list[str], prompts: list[list[dict]], constraint: Constraint
-    ) -> list[str]:
-        """One batched call for everyone at this step; a human-played agent answers at the terminal."""
-        answers = [""] * len(names)
-        machine = [i for i, n in enumerate(names) if not (self.human and self.human.plays(n))]
-        if machine:
-            # a fresh seed per call from the run's generator: varied, and the same on a rerun
-            sampling = Sampling(160, self.config.temperature, 1.0, int(self.rng.integers(2**31 - 1)))
-            out = self.backend.generate([prompts[i] for i in machine], sampling, constraint)
-            for i, text in zip(machine, out, strict=True):
-                answers[i] = text
-            self.counts[f"llm_calls:{kind}"] += len(machine)
-            self.counts["llm_batches"] += 1
-            count_tokens(self.backend, self.counts)
-        for i, name in enumerate(names):
-            if self.human and self.human.plays(name):
-                answers[i] = self.human.answer(kind, prompts[i], constraint)
-        return answers
+    def rec_id(self, agent: Agent) -> int:
+        """The agent's user in the recommender: its MovieLens user, or a negative id of its own."""
+        return agent.profile.user if agent.profile.user is not None else -1 - agent.profile.id
 
-    def prompt(self, agent: Agent, instruction: str, context: str, query: str) -> list[dict]:
-        memories = agent.memory.context(query, self.round)
-        return frame(agent.profile.summary(), memories, instruction, f"Round {self.round}. {context}")
+    @property
+    def now(self) -> int:
+        """The simulated moment of the current round."""
+        return self.start + int(self.round * self.config.round_days * DAY)
 
-    def log(
-        self, events: list, agent: str, action: str, item: int | None = None, text: str = "", **extra
-    ) -> None:
-        events.append(
-            {"round": self.round, "agent": agent, "action": action, "item": item, "text": text, **extra}
-        )
+    # -- prompts -----------------------------------------------------------------------------------------
+    def prompt(self, agent: Agent, decision: str, instruction: str, what: str) -> list[dict]:
+        """Profile (the features that bear on the decision), the memories this observation recalls, the
+        observation, the instruction."""
+        seen = observation(self.now, what)
+        memories = agent.memory.context(seen, self.round)
+        return build_sandbox_messages(agent.profile.summary(PROMPT_FEATURES[decision]), memories, instruction, seen)
+
+    def listing(self, page: list[int]) -> str:
+        counts = {m: (self.site[m], self.site_stars[m] / self.site[m] if self.site[m] else None) for m in page}
+        return page_lines(page, self.movies, counts, self.start)
+
+    def log(self, events: list, agent: str, action: str, item: int | None = None, text: str = "", **extra) -> None:
+        events.append({"round": self.round, "agent": agent, "action": action, "item": item, "text": text, **extra})
+
+    def features(self, agents: list[Agent]) -> list[list[str]]:
+        return [a.profile.features for a in agents]
 
     # -- a round -------------------------------------------------------------------------------------------
     def step(self) -> tuple[list[dict], dict]:
@@ -168,20 +213,20 @@ class World:
         cap = self.config.activity.max_active
         if cap and len(active) > cap:
             active = [active[i] for i in sorted(self.rng.choice(len(active), size=cap, replace=False))]
-        names = [a.profile.name for a in active]
         prompts = []
         for agent in active:
             # the options in an order drawn per agent, so a small model's position bias averages out
             order = [PLACES[i] for i in self.rng.permutation(len(PLACES))]
             listing = "\n".join(f"{p}: {PLACE_TEXT[p]}" for p in order)
-            instruction = f"What do you do now? Answer with one word:\n{listing}"
-            prompts.append(self.prompt(agent, instruction, "", "movies friends"))
-        choices = self.ask("place", names, prompts, Constraint.choice(PLACES))
+            prompts.append(
+                self.prompt(agent, "place", f"What do you do now? Answer with one word:\n{listing}", "You have some free time.")
+            )
+        choices = self.decider.choose("place", [a.profile.name for a in active], prompts, PLACES, self.features(active))
         browsing, social = [], []
         for agent, choice in zip(active, choices, strict=True):
-            if choice not in PLACES:
+            if choice is None:
                 self.counts["fallback:place"] += 1
-                self.log(events, agent.profile.name, "go:nothing", fallback=True, answer=choice)
+                self.log(events, agent.profile.name, "go:nothing", fallback=True)
                 continue
             self.log(events, agent.profile.name, f"go:{choice}")
             (browsing if choice == "recommender" else social if choice == "social" else []).append(agent)
@@ -189,7 +234,7 @@ class World:
         self.socialise(social, events)
         self.remember()
         if self.round % self.config.recommender.retrain_every == 0:
-            self.fitted_on = [(a.profile.id, i) for a in self.agents.values() for i in a.watched]
+            self.fitted_on = [(self.rec_id(a), i) for a in self.agents.values() for i in a.watched]
             self.feed.train(self.history + self.fitted_on)
         if self.round % self.config.memory.reflect_every == 0:
             memories = [agent.memory for agent in self.agents.values()]
@@ -198,11 +243,11 @@ class World:
             reflect_all(memories, self.round)  # one batched call for everyone
         return events, self.statistics(events, shown, len(active))
 
+    # -- the recommender -----------------------------------------------------------------------------------
     def browse(self, agents: list[Agent], events: list, shown: list[int]) -> None:
         pages = {}
         for agent in agents:
-            exclude = self.known[agent.profile.name] | set(agent.watched)
-            items, injected = self.feed.page(agent.profile.id, exclude)
+            items, injected = self.feed.page(self.rec_id(agent), agent.seen())
             pages[agent.profile.name] = items
             shown.extend(items)
             self.log(events, agent.profile.name, "browse", items=items, injected=injected)
@@ -211,64 +256,133 @@ class World:
         for _ in range(MAX_STEPS):
             if not visiting:
                 break
-            prompts = []
-            for agent in visiting:
-                page = pages[agent.profile.name]
-                listing = "\n".join(f"{k}. {self.movies[i].text()}" for k, i in enumerate(page, start=1))
-                prompts.append(
-                    self.prompt(
-                        agent,
-                        "Choose: watch (give the numbers of the movies you watch and how you felt), next "
-                        "(another page), search (give a query) or leave.",
-                        f"The recommender shows:\n{listing}",
-                        listing,
-                    )
-                )
-            answers = self.ask(
-                "recommender",
-                [a.profile.name for a in visiting],
-                prompts,
-                step_schema(self.config.recommender.page_size),
-            )
+            if self.config.decision.mode == "score":
+                moves = self.page_step_scored(visiting, pages)
+            else:
+                moves = self.page_step_generated(visiting, pages)
+            watching = [(agent, item, feeling) for agent, (action, items, feeling) in zip(visiting, moves, strict=True) if action == "watch" for item in items]
+            self.watch(watching, events)
+            searching = [(a, m[1]) for a, m in zip(visiting, moves, strict=True) if m[0] == "search"]
             still = []
-            for agent, text in zip(visiting, answers, strict=True):
-                name, page = agent.profile.name, pages[agent.profile.name]
-                value = parse_json(text)
-                action = value.get("action") if value else None
-                numbers = value.get("items", []) if value else []
-                valid_numbers = isinstance(numbers, list) and all(
-                    isinstance(k, int) and 1 <= k <= len(page) for k in numbers
-                )
-                if action not in ("watch", "next", "search", "leave") or (
-                    action == "watch" and (not numbers or not valid_numbers)
-                ):
-                    self.counts["fallback:recommender"] += 1
-                    self.log(events, name, "leave", fallback=True, answer=text)
+            for agent, (action, _, _) in zip(visiting, moves, strict=True):
+                name = agent.profile.name
+                if action in ("fallback", "leave"):
+                    self.log(events, name, "leave", fallback=action == "fallback")
                     continue
-                if action == "watch":
-                    for k in dict.fromkeys(numbers):
-                        item = page[k - 1]
-                        agent.watched.append(item)
-                        feeling = str(value.get("feeling") or "")
-                        self.log(events, name, "watch", item, feeling)
-                        agent.inbox.append(f"I watched {self.movies[item].title}. {feeling}".strip())
-                    continue  # a visit ends with watching
-                if action == "leave":
-                    self.log(events, name, "leave")
-                    continue
-                seen[name] |= set(page)
-                exclude = self.known[name] | set(agent.watched) | seen[name]  # nothing shown twice in a visit
-                if action == "next":
-                    page, _ = self.feed.page(agent.profile.id, exclude)
-                else:
-                    query = str(value.get("query") or "")
-                    page = self.search(query, exclude)
-                    self.log(events, name, "search", text=query)
-                pages[name] = page
-                shown.extend(page)
-                self.log(events, name, action, items=page)
+                if action != "next":
+                    continue  # a visit ends with watching; a search is served below
+                seen[name] |= set(pages[name])
+                pages[name], _ = self.feed.page(self.rec_id(agent), agent.seen() | seen[name])  # nothing shown twice
+                shown.extend(pages[name])
+                self.log(events, name, "next", items=pages[name])
                 still.append(agent)
-            visiting = still
+            for agent, query in searching:
+                name = agent.profile.name
+                seen[name] |= set(pages[name])
+                pages[name] = self.search(query, agent.seen() | seen[name])
+                shown.extend(pages[name])
+                self.log(events, name, "search", text=query, items=pages[name])
+                still.append(agent)
+            visiting = [a for a in visiting if a in still]
+
+    def page_step_generated(self, visiting: list[Agent], pages: dict) -> list[tuple]:
+        """One JSON answer per agent: (action, films or query, feeling); fallbacks counted."""
+        prompts = [
+            self.prompt(
+                agent,
+                "page",
+                "Choose: watch (give the numbers of the movies you watch and how you felt), next "
+                "(another page), search (give a query) or leave.",
+                f"The recommender shows:\n{self.listing(pages[agent.profile.name])}",
+            )
+            for agent in visiting
+        ]
+        answers = self.decider.ask(
+            "recommender", [a.profile.name for a in visiting], prompts, step_schema(self.config.recommender.page_size)
+        )
+        moves = []
+        for agent, text in zip(visiting, answers, strict=True):
+            page = pages[agent.profile.name]
+            value = parse_json(text)
+            action = value.get("action") if value else None
+            numbers = value.get("items", []) if value else []
+            valid = isinstance(numbers, list) and all(isinstance(k, int) and 1 <= k <= len(page) for k in numbers)
+            query = str(value.get("query") or "").strip() if value else ""
+            if action not in PAGE_ACTIONS or (action == "watch" and (not numbers or not valid)):
+                self.counts["fallback:recommender"] += 1
+                moves.append(("fallback", [], text))
+            elif action == "search" and not query:
+                self.counts["fallback:empty_search"] += 1
+                moves.append(("fallback", [], text))
+            elif action == "watch":
+                moves.append(("watch", [page[k - 1] for k in dict.fromkeys(numbers)], str(value.get("feeling") or "")))
+            else:
+                moves.append((action, query, ""))
+        return moves
+
+    def page_step_scored(self, visiting: list[Agent], pages: dict) -> list[tuple]:
+        """The action by score (features weighing in), then the film by score, a query by generation."""
+        names = [a.profile.name for a in visiting]
+        listing = {a.profile.name: self.listing(pages[a.profile.name]) for a in visiting}
+        options = "\n".join(f"{a}: {PAGE_TEXT[a]}" for a in PAGE_ACTIONS)
+        prompts = [
+            self.prompt(a, "page", f"What do you do? Answer with one word:\n{options}", f"The recommender shows:\n{listing[a.profile.name]}")
+            for a in visiting
+        ]
+        actions = self.decider.choose("page", names, prompts, PAGE_ACTIONS, self.features(visiting))
+        moves: list[tuple] = [None] * len(visiting)
+        watchers = [k for k, act in enumerate(actions) if act == "watch"]
+        for k, item in zip(watchers, self.pick([visiting[k] for k in watchers], [pages[names[k]] for k in watchers]), strict=True):
+            moves[k] = ("watch", [item], "") if item is not None else ("fallback", [], "")
+        searchers = [k for k, act in enumerate(actions) if act == "search"]
+        if searchers:
+            asked = self.decider.ask(
+                "search", [names[k] for k in searchers],
+                [self.prompt(visiting[k], "page", "What do you search for? Give a short query.", f"The recommender shows:\n{listing[names[k]]}") for k in searchers],
+                QUERY,
+            )  # fmt: skip
+            for k, text in zip(searchers, asked, strict=True):
+                value = parse_json(text)
+                query = str(value.get("query") or "").strip() if value else ""
+                if not query:
+                    self.counts["fallback:empty_search"] += 1
+                moves[k] = ("search", query, "") if query else ("fallback", [], text)
+        for k, act in enumerate(actions):
+            if act is None:
+                self.counts["fallback:recommender"] += 1
+                moves[k] = ("fallback", [], "")
+            elif act in ("next", "leave"):
+                moves[k] = (act, [], "")
+        return moves
+
+    def pick(self, agents: list[Agent], pages: list[list[int]]) -> list[int | None]:
+        """Score mode: the film each agent watches from its page, by score (the adapter's decision)."""
+        prompts = [watch_messages(a, self.listing(p), self.now, self.round) for a, p in zip(agents, pages, strict=True)]
+        out: list[int | None] = [None] * len(agents)
+        machine = [k for k, a in enumerate(agents) if not self.decider.plays(a.profile.name)]
+        titles = [[self.movies[m].title for m in pages[k]] for k in machine]
+        for k, scores in zip(machine, self.decider.scores("watch", [prompts[k] for k in machine], titles), strict=True):
+            out[k] = pages[k][self.decider.draw(scores)]
+        for k, agent in enumerate(agents):
+            if self.decider.plays(agent.profile.name):
+                numbers = [str(n) for n in range(1, len(pages[k]) + 1)]
+                answer = self.decider.human.answer("watch", prompts[k], Constraint.choice(numbers)).strip()
+                out[k] = pages[k][int(answer) - 1] if answer in numbers else None
+        return out
+
+    def watch(self, watching: list[tuple[Agent, int, str]], events: list) -> None:
+        """The films watched at this step, rated in one batch (rating.py), into each agent's log and
+        the site's counts; the experience becomes an observation."""
+        if not watching:
+            return
+        stars, sources = self.rater.rate([a for a, _, _ in watching], [m for _, m, _ in watching], self.now, self.round)
+        for (agent, item, feeling), value, source in zip(watching, stars, sources, strict=True):
+            agent.rated.append([item, value, self.round])
+            self.site[item] += 1
+            self.site_stars[item] += value
+            self.log(events, agent.profile.name, "watch", item, feeling, stars=value, rated_by=source)
+            text = watched_line(self.movies[item].text(), value, day(self.now))
+            agent.inbox.append(f"{text} {feeling}".strip())
 
     def search(self, query: str, exclude: set[int]) -> list[int]:
         """Items whose title, genres and tags match the query best (BM25 over the catalogue)."""
@@ -278,6 +392,7 @@ class World:
         size = min(self.config.recommender.page_size, len(self.catalogue) - len(blocked))
         return [self.catalogue[k] for k in top_indices(scores, size)]
 
+    # -- the social network -------------------------------------------------------------------------------------
     def socialise(self, agents: list[Agent], events: list) -> None:
         contacts = {a.profile.name: sorted(self.graph.get(a.profile.name, ())) for a in agents}
         for agent in agents:
@@ -287,30 +402,42 @@ class World:
         agents = [a for a in agents if contacts[a.profile.name]]
         if not agents:
             return
-        prompts = []
-        for agent in agents:
-            listing = "\n".join(f"{k}. {c}" for k, c in enumerate(contacts[agent.profile.name], start=1))
-            prompts.append(
-                self.prompt(
-                    agent,
-                    "Chat with one contact (give their number and your opening line) or post to all of "
-                    "them (give the post).",
-                    f"Your contacts:\n{listing}",
-                    "friends chat post",
-                )
+        if self.config.decision.mode == "generate" and self.config.text.messages == "llm":
+            chats, posts = self.social_generated(agents, contacts, events)
+        else:
+            chats, posts = self.social_chosen(agents, contacts, events)
+        for agent, text in posts:  # one post reaches every contact; their memories take it in one batch
+            self.log(events, agent.profile.name, "post", text=text, audience=contacts[agent.profile.name])
+            agent.inbox.append(f"I posted: {text}")
+            for name in contacts[agent.profile.name]:
+                self.agents[name].inbox.append(f"{agent.profile.name} posted: {text}")
+            self.counts["post_deliveries"] += len(contacts[agent.profile.name])
+        self.chat(chats, events)
+
+    def social_context(self, agent: Agent, contacts: list[str]) -> str:
+        listing = "\n".join(f"{k}. {c}" for k, c in enumerate(contacts, start=1))
+        return f"Your contacts:\n{listing}\n{films_line(agent.recent(self.movies))}"
+
+    def social_generated(self, agents: list[Agent], contacts: dict, events: list) -> tuple[list, list]:
+        """One JSON answer per agent: chat (a contact and the opening line) or post (the text)."""
+        prompts = [
+            self.prompt(
+                agent,
+                "social",
+                "Chat with one contact about films you watched (give their number and your opening line) or "
+                "post to all of them (give the post).",
+                self.social_context(agent, contacts[agent.profile.name]),
             )
+            for agent in agents
+        ]
         width = max(len(c) for c in contacts.values())
-        answers = self.ask("social", [a.profile.name for a in agents], prompts, social_schema(width))
+        answers = self.decider.ask("social", [a.profile.name for a in agents], prompts, social_schema(width))
         chats, posts = [], []
         for agent, text in zip(agents, answers, strict=True):
             value = parse_json(text)
             mine = contacts[agent.profile.name]
             ok = value and value.get("action") in ("chat", "post") and str(value.get("text") or "").strip()
-            if (
-                ok
-                and value["action"] == "chat"
-                and not (isinstance(value.get("contact"), int) and 1 <= value["contact"] <= len(mine))
-            ):
+            if ok and value["action"] == "chat" and not (isinstance(value.get("contact"), int) and 1 <= value["contact"] <= len(mine)):
                 ok = False
             if not ok:
                 self.counts["fallback:social"] += 1
@@ -320,31 +447,76 @@ class World:
                 posts.append((agent, str(value["text"])))
             else:
                 chats.append((agent, self.agents[mine[value["contact"] - 1]], str(value["text"])))
-        for agent, text in posts:  # one post reaches every contact; their memories take it in one batch
-            self.log(events, agent.profile.name, "post", text=text, audience=contacts[agent.profile.name])
-            agent.inbox.append(f"I posted: {text}")
-            for name in contacts[agent.profile.name]:
-                self.agents[name].inbox.append(f"{agent.profile.name} posted: {text}")
-            self.counts["post_deliveries"] += len(contacts[agent.profile.name])
-        self.chat(chats, events)
+        return chats, posts
+
+    def social_chosen(self, agents: list[Agent], contacts: dict, events: list) -> tuple[list, list]:
+        """Chat or post as a choice (scored, with the features' weights, in score mode), the contact as a
+        choice, the words from the LLM or the template."""
+        names = [a.profile.name for a in agents]
+        prompts = [
+            self.prompt(a, "social", "Do you chat with one contact or post to all of them? Answer chat or post.", self.social_context(a, contacts[a.profile.name]))
+            for a in agents
+        ]
+        actions = self.decider.choose("social", names, prompts, ["chat", "post"], self.features(agents))
+        chats, posts = [], []
+        chatting = [(a, p) for a, p, act in zip(agents, prompts, actions, strict=True) if act == "chat"]
+        partners = []
+        for agent, prompt in chatting:  # each its own contacts: one call per chatting agent's options
+            partners += self.decider.choose("contact", [agent.profile.name], [prompt], contacts[agent.profile.name], [[]])
+        openings = self.words("open", [a for a, _ in chatting], [f"Write your opening line to {p} about a film you watched." for p in partners])
+        for (agent, _), partner, opening in zip(chatting, partners, openings, strict=True):
+            if partner is None or opening is None:
+                self.counts["fallback:social"] += 1
+                self.log(events, agent.profile.name, "nothing", fallback=True)
+                continue
+            chats.append((agent, self.agents[partner], opening))
+        posting = [a for a, act in zip(agents, actions, strict=True) if act == "post"]
+        for agent, text in zip(posting, self.words("post", posting, ["Write a short post for all your friends about a film you watched."] * len(posting)), strict=True):
+            if text is None:
+                self.counts["fallback:social"] += 1
+                self.log(events, agent.profile.name, "nothing", fallback=True)
+                continue
+            posts.append((agent, text))
+        for agent, act in zip(agents, actions, strict=True):
+            if act is None:
+                self.counts["fallback:social"] += 1
+                self.log(events, agent.profile.name, "nothing", fallback=True)
+        return chats, posts
+
+    def words(self, kind: str, agents: list[Agent], instructions: list[str], context: list[str] | None = None) -> list[str | None]:
+        """Messages: the template's (text.messages: template) or the LLM's (None when unusable)."""
+        if not agents:
+            return []
+        if self.config.text.messages == "template":
+            self.counts["template_messages"] += len(agents)
+            return [template_message(kind, a.recent(self.movies)) for a in agents]
+        decision = "post" if kind == "post" else "chat"
+        prompts = [
+            self.prompt(a, decision, instruction, "\n".join(filter(None, [context[k] if context else "", films_line(a.recent(self.movies))])))
+            for k, (a, instruction) in enumerate(zip(agents, instructions, strict=True))
+        ]
+        out = []
+        for text in self.decider.ask(decision, [a.profile.name for a in agents], prompts, SAY):
+            value = parse_json(text)
+            out.append(str(value["say"]) if value and str(value.get("say") or "").strip() else None)
+        return out
 
     def chat(self, chats: list, events: list) -> None:
         """Two-sided chats, turn by turn, every chat's turn in one batch; or one call per dialogue."""
         if not chats:
             return
         dialogues = [[(a.profile.name, opening)] for a, _, opening in chats]
-        if self.config.chat == "one-call":
+        if self.config.chat == "one-call" and self.config.text.messages == "llm":
             prompts = [
                 self.prompt(
                     a,
-                    f"Write the rest of your chat with {b.profile.name} ({b.profile.summary()}), "
-                    "both sides, a few lines.",
-                    f"You said: {opening}",
-                    b.profile.name,
+                    "chat",
+                    f"Write the rest of your chat with {b.profile.name} ({b.profile.summary()}), both sides, a few lines.",
+                    f"You said: {opening}\n{films_line(a.recent(self.movies))}",
                 )
                 for a, b, opening in chats
             ]
-            answers = self.ask("chat", [a.profile.name for a, _, _ in chats], prompts, SAY)
+            answers = self.decider.ask("chat", [a.profile.name for a, _, _ in chats], prompts, SAY)
             for (a, _, _), dialogue, text in zip(chats, dialogues, answers, strict=True):
                 value = parse_json(text)
                 if not value or not value.get("say"):
@@ -355,31 +527,26 @@ class World:
         else:
             for turn in range(2 * CHAT_TURNS - 1):
                 speakers = [(b if turn % 2 == 0 else a, a if turn % 2 == 0 else b) for a, b, _ in chats]
-                prompts = []
-                for (me, other), dialogue in zip(speakers, dialogues, strict=True):
-                    lines = "\n".join(f"{who}: {said}" for who, said in dialogue)
-                    prompts.append(
-                        self.prompt(
-                            me,
-                            f"Reply to {other.profile.name} in one or two sentences.",
-                            f"Your chat so far:\n{lines}",
-                            lines,
-                        )
-                    )
-                answers = self.ask("chat", [me.profile.name for me, _ in speakers], prompts, SAY)
-                for (me, _), dialogue, text in zip(speakers, dialogues, answers, strict=True):
-                    value = parse_json(text)
-                    if not value or not value.get("say"):
+                lines = ["\n".join(f"{who}: {said}" for who, said in d) for d in dialogues]
+                said = self.words(
+                    "reply",
+                    [me for me, _ in speakers],
+                    [f"Reply to {other.profile.name} in one or two sentences." for _, other in speakers],
+                    [f"Your chat so far:\n{text}" for text in lines],
+                )
+                for (me, _), dialogue, text in zip(speakers, dialogues, said, strict=True):
+                    if text is None:
                         self.counts["fallback:chat"] += 1
-                        self.log(events, me.profile.name, "chat-turn", fallback=True, answer=text)
+                        self.log(events, me.profile.name, "chat-turn", fallback=True)
                         continue
-                    dialogue.append((me.profile.name, str(value["say"])))
+                    dialogue.append((me.profile.name, text))
         for (a, b, _), dialogue in zip(chats, dialogues, strict=True):
             text = "\n".join(f"{who}: {said}" for who, said in dialogue)
-            self.log(events, a.profile.name, "chat", text=text, partner=b.profile.name, mode=self.config.chat)
+            self.log(events, a.profile.name, "chat", text=text, partner=b.profile.name, mode=self.config.chat, messages=[s for _, s in dialogue])
             for me, other in ((a, b), (b, a)):
                 me.inbox.append(f"I chatted with {other.profile.name}:\n{text}")
 
+    # -- memory ------------------------------------------------------------------------------------------------
     def remember(self) -> None:
         """Every agent's observations of the round, compressed in one batched call, then stored."""
         pending = [(agent, o) for agent in self.agents.values() for o in agent.inbox]
@@ -398,10 +565,8 @@ class World:
 
     def interview(self, name: str, question: str) -> str:
         agent = self.agents[name]
-        prompt = self.prompt(
-            agent, f"Answer the interviewer: {question}", "An interviewer asks you a question.", question
-        )
-        value = parse_json(self.ask("interview", [name], [prompt], SAY)[0])
+        prompt = self.prompt(agent, "interview", f"Answer the interviewer: {question}", f"An interviewer asks you a question.\n{films_line(agent.recent(self.movies))}")
+        value = parse_json(self.decider.ask("interview", [name], [prompt], SAY)[0])
         return str(value["say"]) if value and value.get("say") else "(no usable answer)"
 
     def broadcast(self, message: str) -> None:
@@ -412,54 +577,60 @@ class World:
         genres = Counter(g for i in shown for g in self.movies[i].genres)
         total = sum(genres.values())
         # None when nothing was shown: no exposure to measure
-        entropy = (
-            round(float(-sum(c / total * np.log2(c / total) for c in genres.values())), 4) if total else None
-        )
+        entropy = round(float(-sum(c / total * np.log2(c / total) for c in genres.values())), 4) if total else None
         actions = Counter(e["action"] for e in events)
+        messages = [m for e in events if e["action"] == "chat" for m in e["messages"]]
+        messages += [e["text"] for e in events if e["action"] == "post"]
+        tokenised = [words(m) for m in messages]
+        stars = [e["stars"] for e in events if e["action"] == "watch"]
         return {
             "round": self.round,
             "active_agents": active,
             "watches": actions["watch"],
+            "mean_stars": round(float(np.mean(stars)), 3) if stars else None,
             "chats": actions["chat"],
             "posts": actions["post"],
             "items_shown": len(shown),
             "exposure_genre_entropy": entropy,
+            "messages": len(messages),
+            "messages_distinct_2": round(distinct(tokenised, 2), 4) if messages else None,
+            "messages_repeating_4gram": round(sum(map(repeats_ngram, tokenised)) / len(messages), 4) if messages else None,
+            "messages_by": self.config.text.messages,
         }
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def state(self) -> dict:
         return {
             "round": self.round,
+            "start": self.start,
             "rng": self.rng.bit_generator.state,
             "counts": dict(self.counts),
             "model_counts": dict(self.model.counts),
             "graph": {k: sorted(v) for k, v in self.graph.items()},
             "feed": {"fitted_on": self.fitted_on, "seed": getattr(self.feed.recommender, "seed", None)},
             "agents": [
-                {
-                    "profile": asdict(a.profile),
-                    "activity": a.activity,
-                    "watched": a.watched,
-                    "memory": a.memory.to_json(),
-                }
+                {"profile": asdict(a.profile), "activity": a.activity, "rated": a.rated, "memory": a.memory.to_json()}
                 for a in self.agents.values()
             ],
         }
 
     def restore(self, state: dict) -> None:
         self.round = state["round"]
-        self.counts, self.model.counts = Counter(state["counts"]), Counter(state["model_counts"])
+        self.counts.clear()
+        self.counts.update(state["counts"])
+        self.model.counts = Counter(state["model_counts"])
         self.graph = {k: set(v) for k, v in state["graph"].items()}
+        self.site, self.site_stars = Counter(self.past_counts), Counter(self.past_stars)
         self.agents = {}
         for entry in state["agents"]:
             profile = Profile(**entry["profile"])
-            agent = Agent(
-                profile, Memory(self.config.memory, self.embed, self.model, self.rng), entry["activity"]
-            )
-            agent.watched = list(entry["watched"])
+            agent = Agent(profile, Memory(self.config.memory, self.embed, self.model, self.rng), entry["activity"])
+            agent.rated = [list(r) for r in entry["rated"]]
             agent.memory.load_json(entry["memory"])
             self.agents[profile.name] = agent
-        self.known = self.known_movies()
+            for movie, stars, _ in agent.rated:  # the site's counts: the data's before the start + the run's
+                self.site[movie] += 1
+                self.site_stars[movie] += stars
         # the recommender exactly as it was after its last fit: same clicks, same seed
         self.fitted_on = [tuple(c) for c in state["feed"]["fitted_on"]]
         self.feed.train(self.history + self.fitted_on, state["feed"]["seed"])

@@ -61,13 +61,19 @@ async function loadAgent() {
   document.getElementById("agent-name").textContent = a.profile.name;
   const profile = document.getElementById("profile");
   const rows = [];
-  for (const key of ["id", "gender", "age", "career", "traits", "interests", "features", "source"]) {
+  for (const key of ["id", "user", "gender", "age", "career", "traits", "interests", "dislikes", "mean_stars", "features", "source"]) {
     const value = Array.isArray(a.profile[key]) ? a.profile[key].join("; ") : a.profile[key];
-    rows.push(el("dt", key), el("dd", value === null || value === "" ? "—" : value, { "data-field": key }));
+    rows.push(el("dt", key), el("dd", value === null || value === undefined || value === "" ? "—" : value, { "data-field": key }));
   }
+  const sources = Object.entries(a.profile.feature_sources || {}).map(([f, s]) => `${f}: ${s}`).join("; ");
+  rows.push(el("dt", "features from"), el("dd", sources || "—"));
+  const real = a.real_history;
+  rows.push(el("dt", "real history"), el("dd", real.ratings ? `${real.ratings} ratings before ${real.before}` : "none", { id: "real-count" }));
   rows.push(el("dt", "watched here"), el("dd", a.simulated_watches.length));
+  rows.push(el("dt", "memory"), el("dd", `started with ${a.memory.started_with} of its ratings; ${a.memory.long_term_records} long-term records now`));
   profile.replaceChildren(...rows);
-  const memory = (r) => el("li", `${r.text} (importance ${r.importance.toFixed(2)}, round ${r.created})`);
+  fill("real", real.last, (r) => el("li", `${r.date}: ${r.title} — ${r.stars} of 5`));
+  const memory = (r) => el("li", `${r.text} (${r.kind}, importance ${r.importance.toFixed(2)}, round ${r.created})`);
   fill("short", a.memory.short_term, memory);
   fill("long", a.memory.long_term, memory);
   fill("insights", a.memory.insights, memory);

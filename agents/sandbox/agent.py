@@ -1,0 +1,112 @@
+"""A sandbox agent: a profile, a memory, an activity level, and what it watched in the run.
+
+``start_agents`` builds agents as the sandbox starts them, and the sandbox's tests build theirs the same
+way at each tested user's cutoff: a data-aligned agent's memory starts with its user's rated films
+before that moment (``history_records``: the texts data_prep.prompt writes, importance from how far the
+rating is from the user's mean, created at the rating's real time on the round clock), then one batched
+reflection over them (unless ``memory.reflection`` is off).
+
+``watch_messages`` is the prompt of the choice of a film on a page, the one decision a tuned model is
+trained for (data_prep.choice_pairs builds its pairs with the same functions).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from agents.sandbox.decide import PROMPT_FEATURES
+from agents.sandbox.memory import Memory, Record, reflect_all
+from agents.sandbox.profiles import Profile, aligned_profiles
+from data_prep.movielens import day, history_importance
+from data_prep.prompt import WATCH_INSTRUCTION, build_sandbox_messages, listing_line, watched_line
+
+DAY = 86400
+
+
+class Agent:
+    def __init__(self, profile: Profile, memory: Memory, activity: float):
+        self.profile, self.memory, self.activity = profile, memory, activity
+        self.rated: list[list] = []  # [movie, stars, round] watched in the run, in order
+        self.inbox: list[str] = []  # observations waiting for the end of the round
+
+    @property
+    def watched(self) -> list[int]:
+        return [movie for movie, _, _ in self.rated]
+
+    def seen(self) -> set[int]:
+        """Every film it rated before the start or watched in the run: never recommended again."""
+        return {movie for movie, _, _ in self.profile.history} | set(self.watched)
+
+    def recent(self, movies: dict, n: int = 3) -> list[tuple[str, float]]:
+        """Its last n films with their stars, the run's watches after the real history."""
+        rows = [(m, s) for m, s, _ in self.profile.history] + [(m, s) for m, s, _ in self.rated]
+        return [(movies[m].title, s) for m, s in rows[-n:]]
+
+
+def rounds_before(ts: int, start: int, round_days: float) -> int:
+    """A real moment before the start on the round clock (round 0 is the start): minus the rounds since."""
+    return -math.ceil((start - ts) / (round_days * DAY))
+
+
+def history_records(profile: Profile, movies: dict, round_days: float) -> list[Record]:
+    """The profile's rated films as memory records, oldest first (embedded by their film's text)."""
+    out = []
+    for movie, stars, ts in profile.history:
+        when = rounds_before(ts, profile.start, round_days)
+        text = watched_line(movies[movie].text(), stars, day(ts))
+        importance = history_importance(stars, profile.mean_stars)
+        out.append(Record(text, importance, when, when, None, kind="history", key=movies[movie].text()))
+    return out
+
+
+def start_agents(profiles, levels, config, movies, embed, model, rng: np.random.Generator) -> list[Agent]:
+    """Agents for these profiles with these activity levels, their memories seeded with their history,
+    then one reflection for all of them in one batched call."""
+    agents = []
+    for profile, level in zip(profiles, levels, strict=True):
+        memory = Memory(config.memory, embed, model, rng)
+        memory.seed(history_records(profile, movies, config.round_days))
+        agents.append(Agent(profile, memory, float(level)))
+    seeded = [a.memory for a in agents if a.profile.history]
+    if seeded:
+        reflect_all(seeded, 0)
+    return agents
+
+
+def agents_at(data, users: list[int], moments: list[int], config, embed, model, rng: np.random.Generator) -> list[Agent]:
+    """Data-aligned agents of these users, each at its own moment, built as the sandbox builds its agents
+    (the sandbox's tests: each tested user at its cutoff). Activity plays no part here (1)."""
+    profiles = [aligned_profiles(data, [u], t, rng, config.features)[0] for u, t in zip(users, moments, strict=True)]
+    return start_agents(profiles, [1.0] * len(profiles), config, data.movies, embed, model, rng)
+
+
+def page_lines(page: list[int], movies: dict, counts: dict[int, tuple[int, float | None]], tags_before: int) -> str:
+    """The page as the agent sees it: numbered films with their ratings on the site so far."""
+    return "\n".join(
+        listing_line(k, movies[m].text(tags_before=tags_before), *counts[m]) for k, m in enumerate(page, start=1)
+    )
+
+
+def observation(now: int, what: str) -> str:
+    """What an agent sees, with the simulated date: a decision's context and its memory's query."""
+    return f"It is {day(now)}. {what}"
+
+
+def rate_messages(agent: Agent, movie, now: int, now_round: int) -> list[dict]:
+    """The LLM's stars for a film the agent just watched: profile, the memories the film recalls."""
+    seen = observation(now, f"You just watched {movie.text()}.")
+    return build_sandbox_messages(
+        agent.profile.summary(PROMPT_FEATURES["rate"]),
+        agent.memory.context(seen, now_round),
+        "How many stars do you give it, from 1 (hated it) to 5 (loved it)? Answer with one digit.",
+        seen,
+    )
+
+
+def watch_messages(agent: Agent, listing: str, now: int, now_round: int) -> list[dict]:
+    """The choice of a film on a page: profile, the memories the page recalls, the page, the question."""
+    seen = observation(now, f"The recommender shows:\n{listing}")
+    memories = agent.memory.context(seen, now_round)
+    return build_sandbox_messages(agent.profile.summary(PROMPT_FEATURES["watch"]), memories, WATCH_INSTRUCTION, seen)

@@ -1,0 +1,167 @@
+"""Every decision of a sandbox agent goes through one place, ``Decider``: the caller builds the prompt
+(data_prep.prompt's build_sandbox_messages), the decider asks the LLM for every agent at that step in
+one batched call and returns the answers; the caller parses them and counts each fallback. A person
+playing an agent answers its decisions instead (``human``).
+
+Two modes (``decision.mode``):
+
+- ``generate``: constrained generation: a choice among fixed words, or a JSON schema.
+- ``score``: the options are ranked by the LLM's log-likelihood of each as the answer (the backend's
+  ``score``: one forward pass over the prompt, one over its options). A film's score is its title's
+  log-probability summed over its tokens (``sum``), per token (``mean``), or less its log-probability
+  after a prompt that says nothing about the agent or the page (``pmi``, the title's own prior removed).
+  The option is then drawn from the softmax of the scores at the run's temperature (the highest at 0).
+
+**Behaviour features act.** Each decision's prompt names only the features that bear on it
+(``PROMPT_FEATURES``), and in score mode each feature multiplies the probability of the options it
+names by ``features.weight`` (``FEATURE_OPTIONS``: a Watcher goes to the recommender and watches, an
+Explorer asks for another page or searches, a Critic leaves a page, a Chatter chats and a Poster
+posts).
+
+With an adapter (``llm.adapter``) and ``decision.adapter_scope: watch``, only the choice of a film
+runs on the adapter (what data_prep.choice_pairs trains it for); every other call runs on the base model.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import nullcontext
+
+import numpy as np
+
+from agents.llm import Constraint, Sampling, count_tokens
+from data_prep.prompt import build_sandbox_messages
+
+FEATURE_OPTIONS = {
+    "place": {"Watcher": ("recommender",), "Chatter": ("social",), "Poster": ("social",)},
+    "page": {"Watcher": ("watch",), "Explorer": ("next", "search"), "Critic": ("leave",)},
+    "social": {"Chatter": ("chat",), "Poster": ("post",)},
+}
+PROMPT_FEATURES = {
+    "place": ("Watcher", "Chatter", "Poster"),
+    "page": ("Watcher", "Explorer", "Critic"),
+    "watch": ("Watcher", "Explorer", "Critic"),
+    "social": ("Chatter", "Poster"),
+    "chat": ("Chatter", "Critic"),
+    "post": ("Poster", "Critic"),
+    "rate": ("Critic",),
+    "interview": None,  # every feature
+}
+
+
+def priors(features: list[str], decision: str, options: list[str], weight: float) -> np.ndarray:
+    """The factor each option's probability is multiplied by: ``weight`` for every one of the agent's
+    features that names it."""
+    named = FEATURE_OPTIONS.get(decision, {})
+    return np.array(
+        [weight ** sum(option in named.get(f, ()) for f in features) for option in options], dtype=float
+    )
+
+
+class Decider:
+    def __init__(self, config, backend, rng: np.random.Generator, counts: Counter, human=None):
+        """config: SandboxConfig; backend: a shared LLM backend (agents/llm.py); rng: the run's one
+        generator; counts: where calls, batches and tokens are counted."""
+        self.config, self.backend, self.rng, self.counts, self.human = config, backend, rng, counts, human
+        self.neutral: dict[tuple[str, str], tuple[float, int]] = {}  # pmi: (instruction, option) -> score
+        if config.decision.mode == "score" and not hasattr(backend, "score"):
+            name = getattr(backend, "info", {}).get("backend", type(backend).__name__)
+            raise ValueError(f"decision.mode: score needs a backend that scores answers (hf); {name} has none")
+
+    def plays(self, name: str) -> bool:
+        return bool(self.human and self.human.plays(name))
+
+    def adapter(self, kind: str):
+        """The base model alone, unless this decision is one the adapter is for."""
+        off = getattr(self.backend, "adapter_off", None)
+        if off is None or self.config.decision.adapter_scope == "all" or kind == "watch":
+            return nullcontext()
+        return off()
+
+    def sampling(self, max_new_tokens: int = 160) -> Sampling:
+        # a fresh seed per call from the run's generator: varied, and the same on a rerun
+        text = self.config.text
+        return Sampling(
+            max_new_tokens,
+            self.config.temperature,
+            1.0,
+            int(self.rng.integers(2**31 - 1)),
+            repetition_penalty=text.repetition_penalty,
+            no_repeat_ngram_size=text.no_repeat_ngram_size,
+        )
+
+    def ask(self, kind: str, names: list[str], prompts: list[list[dict]], constraint: Constraint) -> list[str]:
+        """One batched generate call for everyone at this step; a human-played agent answers itself."""
+        answers = [""] * len(names)
+        machine = [i for i, n in enumerate(names) if not self.plays(n)]
+        if machine:
+            with self.adapter(kind):
+                out = self.backend.generate([prompts[i] for i in machine], self.sampling(), constraint)
+            for i, text in zip(machine, out, strict=True):
+                answers[i] = text
+            self.counted(kind, len(machine))
+        for i, name in enumerate(names):
+            if self.plays(name):
+                answers[i] = self.human.answer(kind, prompts[i], constraint)
+        return answers
+
+    def counted(self, kind: str, rows: int) -> None:
+        self.counts[f"llm_calls:{kind}"] += rows
+        self.counts["llm_batches"] += 1
+        count_tokens(self.backend, self.counts)
+
+    def choose(
+        self, kind: str, names: list[str], prompts: list[list[dict]], options: list[str], features: list[list[str]]
+    ) -> list[str | None]:
+        """One of ``options`` per agent (None: an unusable answer, for the caller to count). Generate
+        mode: a constrained choice (the features act through the prompt); score mode: scored, each
+        option's probability multiplied by its features' weights."""
+        if self.config.decision.mode == "generate":
+            answers = self.ask(kind, names, prompts, Constraint.choice(options))
+            return [a.strip() if a.strip() in options else None for a in answers]
+        rows = [i for i, n in enumerate(names) if not self.plays(n)]
+        scores = self.scores(kind, [prompts[i] for i in rows], [options] * len(rows))
+        out: list[str | None] = [None] * len(names)
+        weight = self.config.features.weight
+        for i, score in zip(rows, scores, strict=True):
+            out[i] = options[self.draw(score + np.log(priors(features[i], kind, options, weight)))]
+        for i, name in enumerate(names):
+            if self.plays(name):
+                answer = self.human.answer(kind, prompts[i], Constraint.choice(options)).strip()
+                out[i] = answer if answer in options else None
+        return out
+
+    def scores(self, kind: str, prompts: list[list[dict]], options: list[list[str]]) -> list[np.ndarray]:
+        """Each option's score after its prompt (``decision.normalisation``), one batched call."""
+        if not prompts:
+            return []
+        with self.adapter(kind):
+            raw = self.backend.score(prompts, options)
+            self.counted(kind, len(prompts))
+            mode = self.config.decision.normalisation
+            if mode == "pmi":
+                instruction = prompts[0][-1]["content"].rsplit("# Task\n", 1)[-1]
+                missing = sorted({o for group in options for o in group if (instruction, o) not in self.neutral})
+                if missing:  # each option's prior once per instruction, cached
+                    neutral = build_sandbox_messages("a person", [], instruction, "")
+                    for option, value in zip(missing, self.backend.score([neutral], [missing])[0], strict=True):
+                        self.neutral[(instruction, option)] = value
+        out = []
+        for group, values in zip(options, raw, strict=True):
+            total = np.array([v[0] for v in values])
+            if mode == "mean":
+                total = total / np.array([v[1] for v in values])
+            elif mode == "pmi":
+                total = total - np.array([self.neutral[(instruction, o)][0] for o in group])
+            out.append(total)
+        return out
+
+    def draw(self, logits: np.ndarray) -> int:
+        """The index drawn from softmax(logits / temperature) with the run's generator; the highest
+        (first of ties) at temperature 0."""
+        temperature = self.config.temperature
+        if temperature == 0:
+            return int(np.argmax(logits))
+        z = (logits - logits.max()) / temperature
+        p = np.exp(z) / np.exp(z).sum()
+        return int(self.rng.choice(len(p), p=p))
