@@ -492,6 +492,8 @@ class VLLMBackend:
             else:
                 structured = StructuredOutputsParams(regex=constraint.regex())
             extra["structured_outputs"] = structured
+        if sampling.repetition_penalty != 1.0:
+            extra["repetition_penalty"] = sampling.repetition_penalty
         # one seed per request (seed + its index), so identical prompts in a batch (several samples of
         # one prompt) sample independently, as the hf backend's rows do
         params = [
@@ -500,7 +502,6 @@ class VLLMBackend:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 seed=sampling.seed + i,
-                repetition_penalty=sampling.repetition_penalty,
                 **extra,
             )
             for i in range(len(conversations))
