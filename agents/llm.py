@@ -291,12 +291,17 @@ class HFBackend:
 
     @contextmanager
     def adapter_off(self):
-        """The base model alone inside this block (PEFT's disable_adapter); no-op without an adapter."""
-        if hasattr(self.model, "disable_adapter"):
+        """The base model alone inside this block (PEFT's disable_adapter); no-op without an adapter.
+        Blocks nest: an inner one leaves the adapter off when it ends inside an outer one."""
+        if getattr(self, "_off", False) or not hasattr(self.model, "disable_adapter"):
+            yield
+            return
+        self._off = True
+        try:
             with self.model.disable_adapter():
                 yield
-        else:
-            yield
+        finally:
+            self._off = False
 
     def score(self, conversations: list[list[dict]], options: list[list[str]], max_rows: int = 64) -> list[list[tuple[float, int]]]:
         """For each conversation and each of its options: (log-probability, tokens) of the answer

@@ -31,7 +31,7 @@ from pathlib import Path
 URL = "https://files.grouplens.org/datasets/movielens/ml-latest-small.zip"
 FILES = ("movies.csv", "ratings.csv", "tags.csv", "links.csv", "README.txt")
 NO_GENRE = "(no genres listed)"
-MAX_TAGS = 10  # tags a movie's text shows
+MAX_TAGS = 5  # tags a movie's text shows
 
 
 @dataclass
@@ -48,11 +48,12 @@ class Movie:
     tags: list[Tag] = field(default_factory=list)  # distinct texts, each at its first time, oldest first
 
     def text(self, tags_before: int | None = None) -> str:
-        """Title and genres; with ``tags_before``, the first ten tags written strictly before that moment
+        """Title and genres; with ``tags_before``, the first five tags written strictly before that moment
         (MovieLens has no descriptions; tags are the only words about a film, and they carry a time)."""
         shown = [t.text for t in self.tags if t.ts < tags_before][:MAX_TAGS] if tags_before is not None else []
         tags = f"; tags: {', '.join(shown)}" if shown else ""
-        return f"{self.title} ({', '.join(self.genres)}){tags}"
+        genres = ", ".join(g for g in self.genres if g != NO_GENRE)
+        return f"{self.title} ({genres}){tags}" if genres else f"{self.title}{tags}"
 
 
 @dataclass
@@ -217,7 +218,7 @@ class UserAt:
     history: list[Rating]  # time order
     interests: list[str]  # the genres of the films they liked most often, most frequent first
     dislikes: list[str]  # genres with the lowest mean rating (at least 3 ratings, below their own mean)
-    mean_stars: float | None
+    mean_stars: float | None  # rounded to 2 decimals
     genre_entropy: float  # bits, over the genres of everything they rated
     features: list[str]  # what the data shows: Watcher, Explorer, Critic
 
@@ -253,7 +254,7 @@ def user_at(data: MovieLens, user: int, at: int, liked: float = 4.0, top: int = 
     movies = data.movies
     liked_genres = genre_counts([r for r in history if r.stars >= liked], movies)
     interests = [g for g, _ in sorted(liked_genres.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
-    mean = sum(r.stars for r in history) / len(history) if history else None
+    mean = round(sum(r.stars for r in history) / len(history), 2) if history else None
     by_genre: dict[str, list[float]] = {}
     for r in history:
         for g in movies[r.movie].genres:

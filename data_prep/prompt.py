@@ -236,19 +236,36 @@ def describe_person(
         parts.append(f"cares less for {', '.join(dislikes)}")
     if mean_stars is not None:
         parts.append(f"rates films {mean_stars:.1f} stars out of 5 on average")
-    parts += [f"a {f}: {FEATURE_TEXT[f]}" for f in features]
+    parts += [f"{'an' if f[0] in 'AEIOU' else 'a'} {f}: {FEATURE_TEXT[f]}" for f in features]
     return "; ".join(parts)
 
 
 def watched_line(movie_text: str, stars: float, when: str) -> str:
     """A film someone rated, as their memory holds it."""
-    return f"I watched {movie_text} on {when} and rated it {_stars(stars)} out of 5."
+    return f"I watched {movie_text} on {when}: {_stars(stars)}/5."
 
 
 def listing_line(number: int, movie_text: str, ratings: int, mean: float | None) -> str:
     """One film of a page: its number, its text, and what the site shows of its ratings so far."""
-    shown = f"{ratings} ratings, average {mean:.1f}" if ratings and mean is not None else "no ratings yet"
+    shown = f"{ratings} rating{'s' * (ratings != 1)}, average {mean:.1f}" if ratings and mean is not None else "no ratings yet"
     return f"{number}. {movie_text} [{shown}]"
+
+
+def page_lines(page: list[int], movies: dict, counts: dict, tags_before: int) -> str:
+    """A page as an agent sees it: numbered films (with their tags written before ``tags_before``) and
+    their ratings on the site so far (``counts``: film -> (ratings, mean))."""
+    return "\n".join(listing_line(k, movies[m].text(tags_before=tags_before), *counts[m]) for k, m in enumerate(page, start=1))
+
+
+def observation(now: int, what: str) -> str:
+    """What a sandbox agent sees, with the simulated date: a decision's context and its memory's query."""
+    from datetime import UTC, datetime
+
+    return f"It is {datetime.fromtimestamp(now, UTC).strftime('%Y-%m-%d')}. {what}"
+
+
+def page_observation(now: int, listing: str) -> str:
+    return observation(now, f"The recommender shows:\n{listing}")
 
 
 def build_sandbox_messages(profile: str, memories: list[str], instruction: str, context: str) -> list[dict]:
@@ -262,6 +279,11 @@ def build_sandbox_messages(profile: str, memories: list[str], instruction: str, 
             "content": f"# What you remember\n{remembered}\n\n# Now\n{context}\n\n# Task\n{instruction}",
         },
     ]
+
+
+def instruction_of(messages: list[dict]) -> str:
+    """The instruction of a sandbox prompt (what build_sandbox_messages put under "# Task")."""
+    return messages[-1]["content"].rsplit("# Task\n", 1)[-1]
 
 
 def rank_memories(relevance, recency, importance, top: int) -> list[int]:

@@ -1,31 +1,39 @@
-"""The RecAgent paper's discrimination test: can a method tell the items a user watched next from
-random ones?
+"""The RecAgent paper's discrimination test, run through the simulator: can an agent tell the films its
+user watched next from ones they never watched?
 
-For each sampled MovieLens user (seeded): the user's ratings in time order (ties by movie id); the
-last ``a`` are held out (T); ``b`` random movies the user never rated join them; the method picks
-``a`` of the a + b (S); p = mean over users of |T & S| / |T|, with a 95% bootstrap interval over users.
-Everything a method sees is older than the user's first held-out rating (the cutoff): the user's
-earlier ratings, and for popularity and MF every user's ratings before that moment (MF is trained per
-user at the cutoff).
+For each tested user (eval.sandbox_cases: drawn with the seed among users whose held-out ratings are
+after ``--after``): the user's ratings in time order (ties by movie id); the last ``a`` are held out (T);
+``b`` movies the user never rated, that someone had rated before the user's first held-out rating (the
+cutoff; a film released later would give itself away), join them; the method picks ``a`` of the a + b
+(S); p = mean over users of |T & S| / |T|, with a 95% BCa interval over users. Everything a method sees
+is older than the cutoff: the user's earlier ratings, every user's ratings before it (popularity, MF,
+the counts a page shows), and the tags written before it.
 
-Methods: ``random`` (chance is a / (a + b)), ``popularity`` (most rated before the cutoff),
-``embedding`` (cosine of each candidate's text to the mean embedding of the user's watched movies,
-all-MiniLM-L6-v2 offline), ``mf`` (ALS, implicit), and ``agent`` (the sandbox's LLM, asked with its
-profile and its last watched titles for a structured list of a numbers; an unusable answer is filled
-at random and counted).
+Methods: ``random`` (chance is a / (a + b)); ``popularity`` (most rated before the cutoff); ``embedding``
+(cosine of each candidate's text to the mean embedding of the user's watched films, MiniLM offline);
+``mf`` (ALS, implicit, trained at the cutoff); ``llm`` (the bare LLM: "User N, a movie watcher" and the
+last ten titles, a structured list of numbers); and the simulator's agents (eval.sandbox_cases's
+VARIANTS): each tested user's agent built as the sandbox builds it, at the cutoff, shown the candidates
+as a page and deciding as in the sandbox: ``agent-generate`` (a structured list of numbers),
+``agent-score`` (the candidates ranked by the score of their titles, the top a), ``tuned`` (the same
+with the LoRA adapter of ``--adapter``), and the memory ablations. The score normalisation of each
+scoring row is chosen on the validation users (the best mean p over the four settings) and reported on
+the test users. Paired claims: the tuned agent (or, without an adapter, the scoring agent) against
+popularity and MF in every setting, with BCa intervals Bonferroni-corrected over the claims.
 
     python -m eval.discrimination --config configs/sandbox/movielens.yaml --out runs/discrimination \\
-        --users 100 --methods random popularity embedding mf agent
+        --users 100 --validation-users 50 --after 2010-01-01 [--adapter runs/sandbox/sft/choice]
 
-Writes OUT/results.json (per setting and method: p, interval, users, fallbacks) and OUT/table.md.
+Any MovieLens folder in the ml-latest-small layout works (``--set data=FOLDER``). Writes
+OUT/results.json (per setting and method: p, interval, users, fallbacks, the chosen normalisation),
+OUT/table.md and OUT/methods/ (each method's result as it finishes: a rerun resumes).
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
-from collections import defaultdict
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +41,12 @@ from tqdm import tqdm
 
 from agents.retrieval import top_indices
 from eval.metrics import bca_interval
+from eval.sandbox_cases import HORIZON, Results, adapter_context, check_adapter, data_digest, draw_users, variants
 
 SETTINGS = ((1, 5), (3, 3), (3, 7), (1, 9))
+BASELINES = ("random", "popularity", "embedding", "mf", "llm")
+NORMALISATIONS = ("sum", "mean", "pmi")
+CHUNK = 16  # prompts per call, for the progress bar
 PAPER = {  # the paper's Table 3 (20 MovieLens-1M users, ChatGPT), for reference
     "Embedding (paper)": (0.25, 0.55, 0.45, 0.30),
     "RecSim (paper)": (0.25, 0.53, 0.37, 0.10),
@@ -56,8 +68,6 @@ def make_cases(data, users: list[int], a: int, b: int, rng: np.random.Generator,
         held = [r.movie for r in ratings[-a:]]
         cutoff = ratings[-a].ts
         rated = {r.movie for r in ratings}
-        # distractors: movies the user never rated that someone had rated before the cutoff (a film
-        # released later would give itself away)
         unseen = [m for m in sorted(first_rated) if m not in rated and first_rated[m] < cutoff]
         if len(unseen) < b:
             if skipped is not None:
@@ -79,18 +89,14 @@ def make_cases(data, users: list[int], a: int, b: int, rng: np.random.Generator,
 
 
 def pick_random(cases, a, rng, **_):
-    return [
-        [c["candidates"][i] for i in rng.choice(len(c["candidates"]), size=a, replace=False)] for c in cases
-    ]
+    return [[c["candidates"][i] for i in rng.choice(len(c["candidates"]), size=a, replace=False)] for c in cases]
 
 
 def pick_popularity(cases, a, data, **_):
-    times = defaultdict(list)
-    for r in data.ratings:
-        times[r.movie].append(r.ts)  # already in time order
+    popularity = data.popularity()
     picks = []
     for case in cases:
-        count = {m: bisect.bisect_left(times[m], case["cutoff"]) for m in case["candidates"]}
+        count = {m: popularity.count(m, case["cutoff"]) for m in case["candidates"]}
         picks.append(sorted(case["candidates"], key=lambda m: (-count[m], m))[:a])
     return picks
 
@@ -98,9 +104,7 @@ def pick_popularity(cases, a, data, **_):
 def pick_embedding(cases, a, data, encoder, **_):
     picks = []
     for case in cases:
-        texts = [data.movies[m].text() for m in case["history"]] + [
-            data.movies[m].text() for m in case["candidates"]
-        ]
+        texts = [data.movies[m].text(tags_before=case["cutoff"]) for m in (*case["history"], *case["candidates"])]
         vectors = np.asarray(encoder(texts), dtype=float)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         profile = vectors[: len(case["history"])].mean(axis=0)
@@ -114,13 +118,13 @@ def pick_mf(cases, a, data, config, rng, cache=None, **_):
     from agents.sandbox.recommender import MFRecommender
 
     picks = []
+    cache = {} if cache is None else cache
     for case in tqdm(cases, desc="mf per user", leave=False):
         key = (case["user"], case["cutoff"])  # settings with the same a share their training
-        if cache is None or key not in cache:
+        if key not in cache:
             clicks = [(r.user, r.movie) for r in data.ratings if r.ts < case["cutoff"]]
             mf = MFRecommender(list(data.movies), rng, config.recommender)
             mf.fit(clicks)
-            cache = {} if cache is None else cache
             cache[key] = (mf.scores(case["user"]), mf.item_index)
         scores, index = cache[key]
         if scores is None:  # no rating before the cutoff: popularity
@@ -131,118 +135,316 @@ def pick_mf(cases, a, data, config, rng, cache=None, **_):
     return picks
 
 
-def pick_agent(cases, a, data, backend, rng, counts, history_titles: int = 10, **_):
-    from agents.llm import Constraint, Sampling
-    from agents.sandbox.prompts import frame
+def listing(case, data) -> str:
+    """The candidates as a page: what the sandbox's pages show at the cutoff."""
+    from data_prep.prompt import page_lines
 
-    size = len(cases[0]["candidates"])
-    schema = Constraint.json_object(
-        items={
-            "type": "array",
-            "items": {"type": "integer", "minimum": 1, "maximum": size},
-            "minItems": a,
-            "maxItems": a,
-        }
+    popularity = data.popularity()
+    counts = {m: (popularity.count(m, case["cutoff"]), popularity.mean(m, case["cutoff"])) for m in case["candidates"]}
+    return page_lines(case["candidates"], data.movies, counts, case["cutoff"])
+
+
+def numbers_schema(a: int, size: int):
+    from agents.llm import Constraint
+
+    return Constraint.json_object(
+        items={"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": size}, "minItems": a, "maxItems": a}
     )
-    prompts = []
-    for case in cases:
-        recent = [data.movies[m].title for m in case["history"][-history_titles:]]
-        listing = "\n".join(
-            f"{k}. {data.movies[m].text()}" for k, m in enumerate(case["candidates"], start=1)
-        )
-        prompts.append(
-            frame(
-                f"User {case['user']}, a movie watcher",
-                [f"I watched {t}" for t in recent],
-                f"Which {a} of these movies will you watch next? Give their numbers.",
-                f"The movies:\n{listing}",
-            )
-        )
-    answers = backend.generate(
-        prompts, Sampling(max_new_tokens=32, seed=int(rng.integers(2**31 - 1))), schema
-    )
+
+
+def numbers_instruction(a: int) -> str:
+    return f"Which {a} of these movies will you watch next? Give their numbers."
+
+
+def parse_numbers(cases, answers, a, rng, counts) -> list[list[int]]:
+    """The numbers of a structured answer; an unusable or short answer is filled at random, counted."""
     picks = []
     for case, answer in zip(cases, answers, strict=True):
+        size = len(case["candidates"])
         try:
             numbers = list(dict.fromkeys(json.loads(answer)["items"]))
         except (json.JSONDecodeError, KeyError, TypeError):
             numbers = []
         valid = [n for n in numbers if isinstance(n, int) and 1 <= n <= size][:a]
-        if len(valid) < a:  # filled at random, counted
-            counts["agent_fallbacks"] += 1
+        if len(valid) < a:
+            counts["fallbacks"] += 1
             rest = [k for k in range(1, size + 1) if k not in valid]
             valid += [rest[i] for i in rng.choice(len(rest), size=a - len(valid), replace=False)]
         picks.append([case["candidates"][k - 1] for k in valid])
     return picks
 
 
-METHODS = {
-    "random": pick_random,
-    "popularity": pick_popularity,
-    "embedding": pick_embedding,
-    "mf": pick_mf,
-    "agent": pick_agent,
-}
+def pick_llm(cases, a, data, backend, rng, counts, history_titles: int = 10, **_):
+    """The bare LLM: no profile, no memory; the user's last titles and the page."""
+    from agents.llm import Sampling
+    from data_prep.prompt import build_sandbox_messages
+
+    prompts = [
+        build_sandbox_messages(
+            f"User {case['user']}, a movie watcher",
+            [f"I watched {data.movies[m].title}" for m in case["history"][-history_titles:]],
+            numbers_instruction(a),
+            f"The movies:\n{listing(case, data)}",
+        )
+        for case in cases
+    ]
+    sampling = Sampling(max_new_tokens=32, seed=int(rng.integers(2**31 - 1)))
+    answers = []
+    for start in tqdm(range(0, len(prompts), CHUNK), desc="llm", leave=False):
+        chunk = prompts[start : start + CHUNK]
+        answers += backend.generate(chunk, sampling, numbers_schema(a, len(cases[0]["candidates"])))
+    return parse_numbers(cases, answers, a, rng, counts)
+
+
+METHODS = {"random": pick_random, "popularity": pick_popularity, "embedding": pick_embedding, "mf": pick_mf, "llm": pick_llm}
+
+
+class AgentRow:
+    """One of the simulator's agents under test: its config, its Decider, its agents per cutoff."""
+
+    def __init__(self, name, overrides, uses_adapter, config_path, set_overrides, data, backend, embed, seed):
+        from agents.sandbox.config import load_config
+        from agents.sandbox.decide import Decider
+        from agents.sandbox.memory import LLMMemoryModel
+
+        self.name, self.uses_adapter, self.data, self.backend, self.embed = name, uses_adapter, data, backend, embed
+        self.config = load_config(config_path, [*set_overrides, *overrides, "temperature=0"])
+        self.rng = np.random.default_rng([seed, sum(map(ord, name))])
+        self.counts: Counter = Counter()
+        self.decider = Decider(self.config, backend, self.rng, self.counts)
+        self.model = LLMMemoryModel(backend, around=self.decider.adapter)
+        self.built: dict[tuple, tuple[list, list]] = {}
+
+    def agents(self, cases: list[dict], a: int) -> list:
+        """Each case's user's agent at the cutoff (built once per hold-out size, memories restored to
+        their start before every use: retrieval refreshes what it recalls)."""
+        from agents.sandbox.agent import agents_at
+
+        key = tuple((c["user"], c["cutoff"]) for c in cases)
+        if key not in self.built:
+            with adapter_context(self.backend, self.uses_adapter):
+                agents = agents_at(
+                    self.data, [c["user"] for c in cases], [c["cutoff"] for c in cases], self.config, self.embed, self.model, self.rng
+                )
+            self.built[key] = (agents, [agent.memory.to_json() for agent in agents])
+        agents, states = self.built[key]
+        for agent, state in zip(agents, states, strict=True):
+            agent.memory.load_json(state)
+        return agents
+
+    def scores(self, cases: list[dict], a: int) -> dict[str, list[np.ndarray]]:
+        """Every candidate's score under each normalisation, chunked for the progress bar."""
+        from agents.sandbox.agent import watch_messages
+
+        agents = self.agents(cases, a)
+        out: dict[str, list[np.ndarray]] = {n: [] for n in NORMALISATIONS}
+        with adapter_context(self.backend, self.uses_adapter):
+            for start in tqdm(range(0, len(cases), CHUNK), desc=self.name, leave=False):
+                chunk = cases[start : start + CHUNK]
+                prompts = [
+                    watch_messages(g, listing(c, self.data), c["cutoff"], 0)
+                    for g, c in zip(agents[start : start + CHUNK], chunk, strict=True)
+                ]
+                titles = [[self.data.movies[m].title for m in c["candidates"]] for c in chunk]
+                for norm, values in self.decider.all_scores("watch", prompts, titles).items():
+                    out[norm] += values
+        return out
+
+    def generate(self, cases: list[dict], a: int) -> list[list[int]]:
+        from agents.sandbox.agent import watch_messages
+
+        agents = self.agents(cases, a)
+        names = [f"User {c['user']}" for c in cases]
+        answers = []
+        with adapter_context(self.backend, self.uses_adapter):
+            for start in tqdm(range(0, len(cases), CHUNK), desc=self.name, leave=False):
+                chunk = cases[start : start + CHUNK]
+                prompts = [
+                    watch_messages(g, listing(c, self.data), c["cutoff"], 0, numbers_instruction(a))
+                    for g, c in zip(agents[start : start + CHUNK], chunk, strict=True)
+                ]
+                answers += self.decider.ask("watch", names[start : start + CHUNK], prompts, numbers_schema(a, len(cases[0]["candidates"])))
+        return parse_numbers(cases, answers, a, self.rng, self.counts)
+
+
+def top(cases, scores: list[np.ndarray], a: int) -> list[list[int]]:
+    return [[c["candidates"][i] for i in top_indices(s, a)] for c, s in zip(cases, scores, strict=True)]
+
+
+def hits(cases, picks) -> np.ndarray:
+    return np.array([len(set(c["held"]) & set(p)) / len(c["held"]) for c, p in zip(cases, picks, strict=True)])
 
 
 def score(cases, picks) -> dict:
-    hits = np.array(
-        [len(set(c["held"]) & set(p)) / len(c["held"]) for c, p in zip(cases, picks, strict=True)]
-    )
-    mean = float(hits.mean())
-    low, high, _ = bca_interval(hits)
-    return {"p": round(mean, 4), "ci95": [round(low, 4), round(high, 4)], "users": len(hits)}
+    values = hits(cases, picks)
+    low, high, _ = bca_interval(values)
+    return {"p": round(float(values.mean()), 4), "ci95": [round(low, 4), round(high, 4)], "users": len(values), "hits": values.tolist()}
 
 
-def run(config, out: Path, n_users: int, methods: list[str], backend=None, encoder=None) -> dict:
-    from collections import Counter
+def run_agent_row(row: AgentRow, cases: dict, validation: dict) -> dict:
+    """One agent row over the settings: a scoring row chooses its normalisation on the validation
+    users (best mean p over the settings) and reports the test users with it."""
+    out = {"settings": {}}
+    if row.config.decision.mode == "generate":
+        for key, test_cases in cases.items():
+            a = int(key.split(",")[0])
+            out["settings"][key] = score(test_cases, row.generate(test_cases, a))
+        out["fallbacks"] = row.counts["fallbacks"]
+        return out
+    chosen_on = {}
+    for key, val_cases in validation.items():
+        a = int(key.split(",")[0])
+        scored = row.scores(val_cases, a)
+        chosen_on[key] = {n: float(hits(val_cases, top(val_cases, scored[n], a)).mean()) for n in NORMALISATIONS}
+    best = max(NORMALISATIONS, key=lambda n: (np.mean([v[n] for v in chosen_on.values()]), -NORMALISATIONS.index(n)))
+    for key, test_cases in cases.items():
+        a = int(key.split(",")[0])
+        out["settings"][key] = score(test_cases, top(test_cases, row.scores(test_cases, a)[best], a))
+    out.update(normalisation=best, validation_p=chosen_on)
+    return out
 
+
+def cases_for(data, users, seed: int) -> tuple[dict, dict]:
+    """Each setting's cases (each its own generator from the seed) and the users left out."""
+    cases, skipped = {}, {}
+    for a, b in SETTINGS:
+        left: list[int] = []
+        cases[f"{a},{b}"] = make_cases(data, users, a, b, np.random.default_rng([seed, a, b]), left)
+        skipped[f"{a},{b}"] = left
+    return cases, skipped
+
+
+def claims(results: dict, subject: str) -> list[dict]:
+    """``subject`` minus popularity and minus MF in every setting, paired over users, Bonferroni over
+    the claims made."""
+    out = []
+    pairs = [(key, other) for key, row in results["settings"].items() for other in ("popularity", "mf") if subject in row and other in row]
+    confidence = 1 - 0.05 / max(len(pairs), 1)
+    for key, other in pairs:
+        row = results["settings"][key]
+        diff = np.array(row[subject]["hits"]) - np.array(row[other]["hits"])
+        low, high, share = bca_interval(diff, confidence=confidence)
+        out.append(
+            {
+                "claim": f"{subject} > {other}",
+                "setting": key,
+                "difference": round(float(diff.mean()), 4),
+                "ci": [round(low, 4), round(high, 4)],
+                "confidence": round(confidence, 5),
+                "resamples_above_zero": round(share, 4),
+                "users": len(diff),
+            }
+        )
+    return out
+
+
+def run(
+    config_path, set_overrides, out: Path, n_users: int, n_validation: int, after: str, methods: list[str],
+    adapter: str | None = None, backend=None, encoder=None, embed=None, overwrite: bool = False,
+) -> dict:  # fmt: skip
+    from agents.sandbox.config import as_dict, load_config
     from data_prep import movielens
 
+    config = load_config(config_path, [*set_overrides, "temperature=0"])
     data = movielens.load(config.data)
-    rng = np.random.default_rng(config.seed)
-    users = sorted(int(u) for u in rng.choice(sorted(data.by_user()), size=n_users, replace=False))
-    if "embedding" in methods and encoder is None:
+    moment = movielens.parse_moment(after, data)
+    trained = check_adapter(adapter, moment, config)
+    rows = variants(adapter)
+    methods = methods or [*BASELINES, *rows]
+    wanted = [m for m in methods if m in BASELINES or m in rows]
+    left_out = [m for m in [*methods, *variants("adapter")] if m not in wanted and m not in rows and m.startswith("tuned")]
+    test_users, val_users = draw_users(data, moment, HORIZON, config.min_history, n_users, n_validation, config.seed)
+    inputs = {
+        "data": data_digest(config.data),
+        "config": as_dict(config),
+        "users": test_users,
+        "validation_users": val_users,
+        "after": moment,
+        "adapter": fingerprint_adapter(adapter),
+    }
+    results_store = Results(out, inputs, overwrite)
+    cases, skipped = cases_for(data, test_users, config.seed)
+    validation, _ = cases_for(data, val_users, config.seed + 1)
+    needs_llm = [m for m in wanted if m not in ("random", "popularity", "embedding", "mf") and results_store.get(m) is None]
+    if needs_llm and backend is None:
+        from agents.llm import load_llm
+
+        config.llm.adapter = adapter
+        backend = load_llm(config.llm)
+    if "embedding" in wanted and encoder is None and results_store.get("embedding") is None:
         from eval.backends import packaged_minilm
 
         encoder = packaged_minilm("cpu", 64)
-    if "agent" in methods and backend is None:
-        from agents.llm import load_llm
+    if embed is None and any(m in rows for m in needs_llm):
+        from agents.retrieval import Retriever
+        from eval.backends import packaged_minilm
 
-        backend = load_llm(config.llm)
-    results = {"users": users, "seed": config.seed, "settings": {}}
+        embed = Retriever(encoder or packaged_minilm("cpu", 64)).embed
     mf_cache: dict = {}
-    for a, b in SETTINGS:
-        # each setting and method its own generator from the seed: the cases and every method's draws
-        # do not depend on which other methods ran
-        skipped: list[int] = []
-        cases = make_cases(data, users, a, b, np.random.default_rng([config.seed, a, b]), skipped)
-        row = {"chance": round(a / (a + b), 4), "users_without_enough_distractors": skipped}
-        for method in methods:
-            counts = Counter()
-            method_rng = np.random.default_rng([config.seed, a, b, list(METHODS).index(method)])
-            picks = METHODS[method](
-                cases, a, data=data, rng=method_rng, encoder=encoder, backend=backend, config=config,
-                counts=counts, cache=mf_cache,
-            )  # fmt: skip
-            row[method] = {**score(cases, picks), **dict(counts)}
-            print(f"a={a} b={b} {method}: p={row[method]['p']} {row[method]['ci95']}")
-        results["settings"][f"{a},{b}"] = row
-    out.mkdir(parents=True, exist_ok=True)
+    for method in wanted:
+        if results_store.get(method) is not None:
+            print(f"{method}: done earlier, kept ({results_store.path(method)})")
+            continue
+        if method in rows:
+            overrides, uses_adapter = rows[method]
+            row = AgentRow(method, overrides, uses_adapter, config_path, set_overrides, data, backend, embed, config.seed)
+            value = run_agent_row(row, cases, validation)
+            value["counts"] = {k: v for k, v in row.counts.items() if k != "fallbacks"}
+        else:
+            value = {"settings": {}}
+            for key, setting_cases in cases.items():
+                a, b = map(int, key.split(","))
+                counts: Counter = Counter()
+                method_rng = np.random.default_rng([config.seed, a, b, list(METHODS).index(method)])
+                with adapter_context(backend, False):  # the bare LLM is the base model
+                    picks = METHODS[method](
+                        setting_cases, a, data=data, rng=method_rng, encoder=encoder, backend=backend, config=config,
+                        counts=counts, cache=mf_cache,
+                    )  # fmt: skip
+                value["settings"][key] = {**score(setting_cases, picks), **dict(counts)}
+        results_store.put(method, value)
+        print(f"{method}: " + ", ".join(f"({k}) {v['p']:.2f}" for k, v in value["settings"].items()))
+    results = {
+        "users": test_users,
+        "validation_users": val_users,
+        "after": movielens.day(moment),
+        "seed": config.seed,
+        "adapter": trained,
+        "left_out": dict.fromkeys(left_out, "needs --adapter"),
+        "settings": {},
+        "methods": {},
+    }
+    for key in cases:
+        results["settings"][key] = {
+            "chance": round(int(key.split(",")[0]) / sum(map(int, key.split(","))), 4),
+            "users_without_enough_distractors": skipped[key],
+        }
+    for method in wanted:
+        value = results_store.get(method)
+        results["methods"][method] = {k: v for k, v in value.items() if k != "settings"}
+        for key, cell in value["settings"].items():
+            results["settings"][key][method] = cell
+    subject = "tuned" if "tuned" in wanted else "agent-score"
+    results["claims"] = claims(results, subject)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "table.md").write_text(table(results, methods))
-    print(table(results, methods))
+    (out / "table.md").write_text(table(results, wanted))
+    print(table(results, wanted))
     return results
+
+
+def fingerprint_adapter(adapter: str | None) -> str | None:
+    from data_prep.fingerprint import adapter_digest
+
+    return adapter_digest(adapter)
 
 
 def table(results: dict, methods: list[str]) -> str:
     keys = [f"{a},{b}" for a, b in SETTINGS]
-    scored = results["settings"][keys[0]][methods[0]]["users"] if methods else 0
-    left_out = len(results["settings"][keys[0]]["users_without_enough_distractors"])
+    first = results["settings"][keys[0]]
+    scored = first[methods[0]]["users"] if methods else 0
     lines = [
-        f"| method ({scored} users, {left_out} left out) | "
-        + " | ".join(f"(a,b)=({k})" for k in keys)
-        + " |",
+        f"| method ({scored} test users, {len(first['users_without_enough_distractors'])} left out; "
+        f"held-out ratings after {results['after']}) | " + " | ".join(f"(a,b)=({k})" for k in keys) + " |",
         "|---|" + "---|" * len(keys),
         "| chance a/(a+b) | " + " | ".join(f"{results['settings'][k]['chance']:.2f}" for k in keys) + " |",
     ]
@@ -251,23 +453,44 @@ def table(results: dict, methods: list[str]) -> str:
         for k in keys:
             r = results["settings"][k][method]
             cells.append(f"{r['p']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]")
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        note = results["methods"][method].get("normalisation")
+        lines.append(f"| {method}{f' ({note})' if note else ''} | " + " | ".join(cells) + " |")
+    for method, why in results["left_out"].items():
+        lines.append(f"| {method} | left out: {why} |" + " |" * (len(keys) - 1))
     for name, values in PAPER.items():
         lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
+    if results["claims"]:
+        confidence = results["claims"][0]["confidence"]
+        lines += [
+            "",
+            f"| claim | setting | difference | {confidence:.2%} CI (paired BCa, Bonferroni over {len(results['claims'])}) | resamples > 0 |",
+            "|---|---|---|---|---|",
+        ]
+        for c in results["claims"]:
+            lines.append(
+                f"| {c['claim']} | ({c['setting']}) | {c['difference']:+.3f} | [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | "
+                f"{c['resamples_above_zero']:.1%} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    from agents.sandbox.config import load_config
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--users", type=int, default=100)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--validation-users", type=int, default=50)
+    parser.add_argument("--after", default="2010-01-01", help="held-out ratings at or after this date (YYYY-MM-DD)")
+    parser.add_argument("--adapter", help="a LoRA adapter from train.sft on data_prep.choice_pairs: the tuned rows")
+    all_methods = list(dict.fromkeys([*BASELINES, *variants("adapter"), *variants(None)]))
+    parser.add_argument("--methods", nargs="+", choices=all_methods, help="default: every one that can run")
     parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
+    parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
-    run(load_config(args.config, args.set), args.out, args.users, args.methods)
+    run(
+        args.config, args.set, args.out, args.users, args.validation_users, args.after, args.methods,
+        args.adapter, overwrite=args.overwrite,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -93,10 +93,13 @@ def per_task_scores(terms: dict[str, np.ndarray], metric: str) -> np.ndarray:
     return per_task[metric]
 
 
-def bca_interval(values, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """The 95% BCa bootstrap interval of the mean of ``values`` (scipy.stats.bootstrap) and the share of
-    resamples whose mean is above zero. When every resample has the same mean (fewer than 2 values, or
-    all equal) the interval is that mean and the share 0 or 1."""
+def bca_interval(
+    values, resamples: int = 2000, seed: int = 0, confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """The BCa bootstrap interval (95% unless ``confidence`` says otherwise: a Bonferroni-corrected
+    family) of the mean of ``values`` (scipy.stats.bootstrap) and the share of resamples whose mean is
+    above zero. When every resample has the same mean (fewer than 2 values, or all equal) the interval
+    is that mean and the share 0 or 1."""
     from scipy.stats import bootstrap
 
     values = np.asarray(values, dtype=float)
@@ -104,7 +107,7 @@ def bca_interval(values, resamples: int = 2000, seed: int = 0) -> tuple[float, f
     if len(values) < 2 or np.ptp(values) == 0:
         return mean, mean, float(mean > 0)
     result = bootstrap(
-        (values,), np.mean, n_resamples=resamples, confidence_level=0.95, method="BCa", rng=seed
+        (values,), np.mean, n_resamples=resamples, confidence_level=confidence, method="BCa", rng=seed
     )
     low, high = result.confidence_interval
     return float(low), float(high), float(np.mean(result.bootstrap_distribution > 0))

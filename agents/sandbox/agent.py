@@ -3,8 +3,8 @@
 ``start_agents`` builds agents as the sandbox starts them, and the sandbox's tests build theirs the same
 way at each tested user's cutoff: a data-aligned agent's memory starts with its user's rated films
 before that moment (``history_records``: the texts data_prep.prompt writes, importance from how far the
-rating is from the user's mean, created at the rating's real time on the round clock), then one batched
-reflection over them (unless ``memory.reflection`` is off).
+rating is from the user's mean, created at the rating's real time on the round clock). No LLM call:
+the memory reflects on them every ``memory.reflect_every`` rounds as the run goes, as on anything else.
 
 ``watch_messages`` is the prompt of the choice of a film on a page, the one decision a tuned model is
 trained for (data_prep.choice_pairs builds its pairs with the same functions).
@@ -17,10 +17,10 @@ import math
 import numpy as np
 
 from agents.sandbox.decide import PROMPT_FEATURES
-from agents.sandbox.memory import Memory, Record, reflect_all
+from agents.sandbox.memory import Memory, Record
 from agents.sandbox.profiles import Profile, aligned_profiles
 from data_prep.movielens import day, history_importance
-from data_prep.prompt import WATCH_INSTRUCTION, build_sandbox_messages, listing_line, watched_line
+from data_prep.prompt import WATCH_INSTRUCTION, build_sandbox_messages, observation, page_observation, watched_line
 
 DAY = 86400
 
@@ -62,16 +62,13 @@ def history_records(profile: Profile, movies: dict, round_days: float) -> list[R
 
 
 def start_agents(profiles, levels, config, movies, embed, model, rng: np.random.Generator) -> list[Agent]:
-    """Agents for these profiles with these activity levels, their memories seeded with their history,
-    then one reflection for all of them in one batched call."""
+    """Agents for these profiles with these activity levels, their memories seeded with their history
+    (no LLM call: reflection comes every ``memory.reflect_every`` rounds, as the run goes)."""
     agents = []
     for profile, level in zip(profiles, levels, strict=True):
         memory = Memory(config.memory, embed, model, rng)
         memory.seed(history_records(profile, movies, config.round_days))
         agents.append(Agent(profile, memory, float(level)))
-    seeded = [a.memory for a in agents if a.profile.history]
-    if seeded:
-        reflect_all(seeded, 0)
     return agents
 
 
@@ -80,18 +77,6 @@ def agents_at(data, users: list[int], moments: list[int], config, embed, model, 
     (the sandbox's tests: each tested user at its cutoff). Activity plays no part here (1)."""
     profiles = [aligned_profiles(data, [u], t, rng, config.features)[0] for u, t in zip(users, moments, strict=True)]
     return start_agents(profiles, [1.0] * len(profiles), config, data.movies, embed, model, rng)
-
-
-def page_lines(page: list[int], movies: dict, counts: dict[int, tuple[int, float | None]], tags_before: int) -> str:
-    """The page as the agent sees it: numbered films with their ratings on the site so far."""
-    return "\n".join(
-        listing_line(k, movies[m].text(tags_before=tags_before), *counts[m]) for k, m in enumerate(page, start=1)
-    )
-
-
-def observation(now: int, what: str) -> str:
-    """What an agent sees, with the simulated date: a decision's context and its memory's query."""
-    return f"It is {day(now)}. {what}"
 
 
 def rate_messages(agent: Agent, movie, now: int, now_round: int) -> list[dict]:
@@ -105,8 +90,10 @@ def rate_messages(agent: Agent, movie, now: int, now_round: int) -> list[dict]:
     )
 
 
-def watch_messages(agent: Agent, listing: str, now: int, now_round: int) -> list[dict]:
+def watch_messages(
+    agent: Agent, listing: str, now: int, now_round: int, instruction: str = WATCH_INSTRUCTION
+) -> list[dict]:
     """The choice of a film on a page: profile, the memories the page recalls, the page, the question."""
-    seen = observation(now, f"The recommender shows:\n{listing}")
+    seen = page_observation(now, listing)
     memories = agent.memory.context(seen, now_round)
-    return build_sandbox_messages(agent.profile.summary(PROMPT_FEATURES["watch"]), memories, WATCH_INSTRUCTION, seen)
+    return build_sandbox_messages(agent.profile.summary(PROMPT_FEATURES["watch"]), memories, instruction, seen)

@@ -30,7 +30,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from agents.llm import Constraint, Sampling, count_tokens
-from data_prep.prompt import build_sandbox_messages
+from data_prep.prompt import build_sandbox_messages, instruction_of
 
 FEATURE_OPTIONS = {
     "place": {"Watcher": ("recommender",), "Chatter": ("social",), "Poster": ("social",)},
@@ -133,27 +133,33 @@ class Decider:
 
     def scores(self, kind: str, prompts: list[list[dict]], options: list[list[str]]) -> list[np.ndarray]:
         """Each option's score after its prompt (``decision.normalisation``), one batched call."""
+        return self.all_scores(kind, prompts, options)[self.config.decision.normalisation]
+
+    def all_scores(self, kind: str, prompts: list[list[dict]], options: list[list[str]]) -> dict[str, list[np.ndarray]]:
+        """Each option's score under every normalisation (sum, mean, pmi) from one batched call (a test
+        chooses the normalisation on validation users). The pmi prior of an option is its score after
+        the same instruction with nothing about the agent or the page, once per instruction (cached)."""
+        out: dict[str, list[np.ndarray]] = {"sum": [], "mean": [], "pmi": []}
         if not prompts:
-            return []
+            return out
         with self.adapter(kind):
             raw = self.backend.score(prompts, options)
             self.counted(kind, len(prompts))
-            mode = self.config.decision.normalisation
-            if mode == "pmi":
-                instruction = prompts[0][-1]["content"].rsplit("# Task\n", 1)[-1]
-                missing = sorted({o for group in options for o in group if (instruction, o) not in self.neutral})
-                if missing:  # each option's prior once per instruction, cached
+            instructions = [instruction_of(p) for p in prompts]
+            missing: dict[str, set[str]] = {}
+            for instruction, group in zip(instructions, options, strict=True):
+                missing.setdefault(instruction, set()).update(o for o in group if (instruction, o) not in self.neutral)
+            for instruction, todo in missing.items():
+                if todo:
+                    todo = sorted(todo)
                     neutral = build_sandbox_messages("a person", [], instruction, "")
-                    for option, value in zip(missing, self.backend.score([neutral], [missing])[0], strict=True):
+                    for option, value in zip(todo, self.backend.score([neutral], [todo])[0], strict=True):
                         self.neutral[(instruction, option)] = value
-        out = []
-        for group, values in zip(options, raw, strict=True):
+        for instruction, group, values in zip(instructions, options, raw, strict=True):
             total = np.array([v[0] for v in values])
-            if mode == "mean":
-                total = total / np.array([v[1] for v in values])
-            elif mode == "pmi":
-                total = total - np.array([self.neutral[(instruction, o)][0] for o in group])
-            out.append(total)
+            out["sum"].append(total)
+            out["mean"].append(total / np.array([v[1] for v in values]))
+            out["pmi"].append(total - np.array([self.neutral[(instruction, o)][0] for o in group]))
         return out
 
     def draw(self, logits: np.ndarray) -> int:

@@ -222,7 +222,7 @@ def aligned_profiles(
                 source="movielens",
                 user=user,
                 dislikes=now.dislikes,
-                mean_stars=round(now.mean_stars, 2),
+                mean_stars=now.mean_stars,
                 history=[[r.movie, r.stars, r.ts] for r in now.history],
                 start=start,
                 feature_sources=sources,

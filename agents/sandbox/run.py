@@ -136,8 +136,7 @@ def run_inputs(config) -> dict:
     files = [data / name for name in ("movies.csv", "ratings.csv", "tags.csv") if (data / name).exists()]
     inputs = {"config": settings, "data": fingerprint.digest_files(files, data)}
     if config.llm.adapter:  # the adapter's weights, not only its folder's name
-        adapter = Path(config.llm.adapter)
-        inputs["adapter"] = fingerprint.digest_files(sorted(adapter.glob("adapter_*")), adapter)
+        inputs["adapter"] = fingerprint.adapter_digest(config.llm.adapter)
     if config.profiles:
         inputs["profiles"] = fingerprint.digest_files([Path(config.profiles)])
     if config.graph.edges:

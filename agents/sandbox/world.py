@@ -38,7 +38,7 @@ import numpy as np
 
 from agents.llm import Constraint
 from agents.retrieval import BM25, top_indices
-from agents.sandbox.agent import DAY, Agent, observation, page_lines, start_agents, watch_messages
+from agents.sandbox.agent import DAY, Agent, start_agents, watch_messages
 from agents.sandbox.decide import PROMPT_FEATURES, Decider
 from agents.sandbox.memory import LLMMemoryModel, Memory, promote_due, reflect_all
 from agents.sandbox.profiles import Profile
@@ -46,7 +46,7 @@ from agents.sandbox.rating import Rater
 from agents.sandbox.recommender import Feed
 from agents.sandbox.social import activity_levels, levels_from_counts
 from data_prep.movielens import day, parse_moment
-from data_prep.prompt import build_sandbox_messages, watched_line
+from data_prep.prompt import build_sandbox_messages, observation, page_lines, watched_line
 from eval.fidelity import distinct, repeats_ngram, words
 
 PLACES = ["recommender", "social", "nothing"]

@@ -1,0 +1,147 @@
+"""What the sandbox's tests share (eval.discrimination, eval.generation, eval.alignment): the users they
+test, the agents they test (built as the sandbox builds its own), the adapter check, and resumable
+results.
+
+**Users.** A user is eligible when the first of their last ``HORIZON`` ratings (the cutoff of the
+longest hold-out the tests use, the generation test's; ties by movie id) is at or after ``after`` and at
+least ``min_history`` of their ratings are strictly older than it; the three tests draw the same users. Test and validation users are drawn from the eligible ones
+with the seed, disjoint: settings (the score normalisation, the rating blend) are chosen on the
+validation users and reported on the test users, which took no part in choosing. With an adapter, the
+adapter's training pairs must all be older than ``after`` (data_prep.choice_pairs --before), so nothing
+a tuned model learned comes from a tested user's held-out part or from after any tested cutoff; the
+tests refuse an adapter whose card says otherwise.
+
+**Agents.** ``VARIANTS`` are the simulator's agents under test: the sandbox config with a decision mode
+and memory switches, with or without the adapter, each agent built by agent.agents_at at the user's
+cutoff (its profile, its history in memory, its first reflection) and deciding through the sandbox's
+Decider at temperature 0. The memory ablations apply to the tuned agent when an adapter is given and
+to the untuned scoring agent otherwise.
+
+**Resuming.** Each method's result is written to OUT/methods/NAME.json as it finishes; a rerun skips
+those and refuses (naming what changed) when the inputs differ (data, users, config, adapter, code
+settings), unless --overwrite.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+
+from data_prep import fingerprint
+from data_prep.movielens import day
+
+HORIZON = 10  # the generation test's steps: the longest hold-out of the three tests
+ABLATIONS = {
+    "no short-term": ["memory.short_term=false"],
+    "no long-term": ["memory.long_term=false"],
+    "no reflection": ["memory.reflection=false"],
+}
+
+
+def variants(adapter: str | None) -> dict[str, tuple[list[str], bool]]:
+    """name -> (config overrides, uses the adapter)."""
+    out = {
+        "agent-generate": (["decision.mode=generate"], False),
+        "agent-score": (["decision.mode=score"], False),
+    }
+    if adapter:
+        out["tuned"] = (["decision.mode=score"], True)
+    base = "tuned" if adapter else "agent-score"
+    for name, switches in ABLATIONS.items():
+        out[f"{base}, {name}"] = ([*out[base][0], *switches], out[base][1])
+    return out
+
+
+def eligible_users(data, after: int, held: int, min_history: int) -> list[int]:
+    out = []
+    for user, ratings in sorted(data.by_user().items()):
+        if len(ratings) < held + min_history:
+            continue
+        cutoff = ratings[-held].ts
+        if cutoff >= after and sum(r.ts < cutoff for r in ratings) >= min_history:
+            out.append(user)
+    return out
+
+
+def draw_users(data, after: int, held: int, min_history: int, n_test: int, n_validation: int, seed: int) -> tuple[list[int], list[int]]:
+    """Test and validation users, disjoint, drawn with the seed from the eligible ones."""
+    eligible = eligible_users(data, after, held, min_history)
+    if n_test + n_validation > len(eligible):
+        raise SystemExit(
+            f"error: {n_test} test and {n_validation} validation users asked for, but only {len(eligible)} users "
+            f"have their last {held} ratings after {day(after)} and {min_history} older ones"
+        )
+    drawn = np.random.default_rng(seed).choice(eligible, size=n_test + n_validation, replace=False)
+    return sorted(int(u) for u in drawn[:n_test]), sorted(int(u) for u in drawn[n_test:])
+
+
+def check_adapter(adapter: str | None, after: int, config) -> dict | None:
+    """The adapter's training card: its pairs must all be older than ``after`` and fitted with this
+    config's memory and prompt settings; otherwise an error saying what is wrong."""
+    if not adapter:
+        return None
+    folder = Path(adapter)
+    record = folder / "training_data.json"
+    if not record.exists():
+        raise SystemExit(f"error: {record} is missing: the tests cannot tell what the adapter was trained on")
+    latest = json.loads(record.read_text()).get("latest_target_ts")
+    if latest is None or latest >= after:
+        when = day(latest) if latest is not None else "an unknown time"
+        raise SystemExit(
+            f"error: the adapter {adapter} was trained on choices up to {when}, not all before {day(after)}: "
+            "its tests would see what it learned from after their cutoffs. Build the pairs with "
+            "python -m data_prep.choice_pairs --before, or test with a later --after"
+        )
+    card = json.loads((folder / "training_card.json").read_text()) if (folder / "training_card.json").exists() else {}
+    options = ((card.get("data") or {}).get("options")) or {}
+    expected = {
+        "round_days": config.round_days,
+        "retrieve_top": config.memory.retrieve_top,
+        "short_term_capacity": config.memory.short_term_capacity,
+        "recency_decay": config.memory.recency_decay,
+    }
+    wrong = {k: (options.get(k), v) for k, v in expected.items() if k in options and options[k] != v}
+    if wrong:
+        raise SystemExit(f"error: the adapter's pairs were built with other prompt settings (pairs, config): {wrong}")
+    return {"adapter": adapter, "latest_target": day(latest), "pairs": card.get("recipe", {}).get("pairs")}
+
+
+def adapter_context(backend, uses_adapter: bool):
+    """A row without the adapter runs on the base model alone."""
+    off = getattr(backend, "adapter_off", None)
+    return nullcontext() if uses_adapter or off is None else off()
+
+
+class Results:
+    """Per-method results under OUT/methods/, fingerprinted (see the module docstring)."""
+
+    def __init__(self, out: Path, inputs: dict, overwrite: bool):
+        self.folder = out / "methods"
+        has_work = self.folder.exists() and any(self.folder.glob("*.json"))
+        if not fingerprint.verdict(out, inputs, overwrite=overwrite, has_work=has_work):
+            for path in self.folder.glob("*.json"):
+                path.unlink()
+            print(f"--overwrite: discarded the earlier results in {out}")
+        fingerprint.record(out, inputs)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def path(self, method: str) -> Path:
+        return self.folder / (method.replace(", ", "__").replace(" ", "-") + ".json")
+
+    def get(self, method: str) -> dict | None:
+        path = self.path(method)
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def put(self, method: str, value: dict) -> None:
+        tmp = self.path(method).with_suffix(".tmp")
+        tmp.write_text(json.dumps(value, indent=1))
+        tmp.replace(self.path(method))
+
+
+def data_digest(folder: str) -> str:
+    root = Path(folder)
+    files = [root / name for name in ("movies.csv", "ratings.csv", "tags.csv") if (root / name).exists()]
+    return fingerprint.digest_files(files, root)
