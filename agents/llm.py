@@ -40,8 +40,8 @@ import json
 import logging
 import os
 from collections import Counter
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -303,7 +303,9 @@ class HFBackend:
         finally:
             self._off = False
 
-    def score(self, conversations: list[list[dict]], options: list[list[str]], max_rows: int = 64) -> list[list[tuple[float, int]]]:
+    def score(
+        self, conversations: list[list[dict]], options: list[list[str]], max_rows: int = 64
+    ) -> list[list[tuple[float, int]]]:
         """For each conversation and each of its options: (log-probability, tokens) of the answer
         ``option`` followed by the end of turn, given the conversation's rendered prompt. Each prompt is
         run once; its key-value cache is shared by its options, which run together in one more forward
@@ -312,7 +314,9 @@ class HFBackend:
 
         device = self.model.device
         eos = self.tokenizer.eos_token
-        encoded = [[self.tokenizer(t + eos, add_special_tokens=False)["input_ids"] for t in o] for o in options]
+        encoded = [
+            [self.tokenizer(t + eos, add_special_tokens=False)["input_ids"] for t in o] for o in options
+        ]
         out: list[list[tuple[float, int]]] = []
         start = 0
         while start < len(conversations):

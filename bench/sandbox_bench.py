@@ -38,8 +38,8 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.retrieval import hashed_bag_of_words
-from data_prep import movielens
 from agents.sandbox.social import fit_pareto
+from data_prep import movielens
 
 
 def pareto(args) -> dict:

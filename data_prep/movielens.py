@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import csv
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,7 +32,7 @@ from pathlib import Path
 URL = "https://files.grouplens.org/datasets/movielens/ml-latest-small.zip"
 FILES = ("movies.csv", "ratings.csv", "tags.csv", "links.csv", "README.txt")
 NO_GENRE = "(no genres listed)"
-MAX_TAGS = 5  # tags a movie's text shows
+MAX_TAGS = 3  # tags a movie's text shows
 
 
 @dataclass
@@ -48,9 +49,11 @@ class Movie:
     tags: list[Tag] = field(default_factory=list)  # distinct texts, each at its first time, oldest first
 
     def text(self, tags_before: int | None = None) -> str:
-        """Title and genres; with ``tags_before``, the first five tags written strictly before that moment
+        """Title and genres; with ``tags_before``, the first three tags written strictly before that moment
         (MovieLens has no descriptions; tags are the only words about a film, and they carry a time)."""
-        shown = [t.text for t in self.tags if t.ts < tags_before][:MAX_TAGS] if tags_before is not None else []
+        shown = (
+            [t.text for t in self.tags if t.ts < tags_before][:MAX_TAGS] if tags_before is not None else []
+        )
         tags = f"; tags: {', '.join(shown)}" if shown else ""
         genres = ", ".join(g for g in self.genres if g != NO_GENRE)
         return f"{self.title} ({genres}){tags}" if genres else f"{self.title}{tags}"
@@ -62,6 +65,25 @@ class Rating:
     movie: int
     stars: float
     ts: int
+
+
+def title_year(title: str) -> int | None:
+    """The release year MovieLens puts at the end of a title, "Heat (1995)"; None when there is none."""
+    match = re.search(r"\((\d{4})(?:[-\u2013]\d{0,4})?\)\s*$", title)
+    return int(match.group(1)) if match else None
+
+
+def existing_films(data: MovieLens, moment: int) -> list[int]:
+    """Films that existed before ``moment``: someone had rated one, or its title's year is before the
+    moment's year. A page's distractors come from these (a film released later would give itself away),
+    and not only from the rated ones: a film nobody had rated yet shows "no ratings yet", like a new
+    film a user really watched next."""
+    year = datetime.fromtimestamp(moment, UTC).year
+    first = data.first_rated()
+    return [
+        m for m, movie in sorted(data.movies.items())
+        if (m in first and first[m] < moment) or ((title_year(movie.title) or year) < year)
+    ]  # fmt: skip
 
 
 class Popularity:
@@ -92,6 +114,7 @@ class MovieLens:
     _by_user: dict[int, list[Rating]] | None = None
     _times: dict[int, list[int]] | None = None
     _popularity: Popularity | None = None
+    _first: dict[int, int] | None = None
 
     def by_user(self) -> dict[int, list[Rating]]:
         """Each user's ratings in time order (ties by movie id); built once."""
@@ -106,6 +129,14 @@ class MovieLens:
         if self._times is None:
             self._times = {u: [r.ts for r in rs] for u, rs in self.by_user().items()}
         return self.by_user().get(user, [])[: bisect.bisect_left(self._times.get(user, []), before)]
+
+    def first_rated(self) -> dict[int, int]:
+        """Each rated film's first rating time."""
+        if self._first is None:
+            self._first = {}
+            for r in self.ratings:  # time order
+                self._first.setdefault(r.movie, r.ts)
+        return self._first
 
     def popularity(self) -> Popularity:
         if self._popularity is None:
@@ -187,6 +218,10 @@ def day(ts: int) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
 
 
+def iso(ts: int) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
 def parse_moment(value: str | int | None, data: MovieLens) -> int:
     """A moment from a config: None is just after the data's last rating, a whole number is a Unix time,
     a string an ISO date (UTC)."""
@@ -265,7 +300,9 @@ def user_at(data: MovieLens, user: int, at: int, liked: float = 4.0, top: int = 
     )
     dislikes = [g for _, g in low if g not in interests][:top]
     breadth = entropy(genre_counts(history, movies))
-    return UserAt(user, at, history, interests, dislikes, mean, breadth, data_features(len(history), breadth, mean))
+    return UserAt(
+        user, at, history, interests, dislikes, mean, breadth, data_features(len(history), breadth, mean)
+    )
 
 
 def history_importance(stars: float, mean: float | None) -> float:

@@ -247,14 +247,21 @@ def watched_line(movie_text: str, stars: float, when: str) -> str:
 
 def listing_line(number: int, movie_text: str, ratings: int, mean: float | None) -> str:
     """One film of a page: its number, its text, and what the site shows of its ratings so far."""
-    shown = f"{ratings} rating{'s' * (ratings != 1)}, average {mean:.1f}" if ratings and mean is not None else "no ratings yet"
+    shown = (
+        f"{ratings} rating{'s' * (ratings != 1)}, average {mean:.1f}"
+        if ratings and mean is not None
+        else "no ratings yet"
+    )
     return f"{number}. {movie_text} [{shown}]"
 
 
 def page_lines(page: list[int], movies: dict, counts: dict, tags_before: int) -> str:
     """A page as an agent sees it: numbered films (with their tags written before ``tags_before``) and
     their ratings on the site so far (``counts``: film -> (ratings, mean))."""
-    return "\n".join(listing_line(k, movies[m].text(tags_before=tags_before), *counts[m]) for k, m in enumerate(page, start=1))
+    return "\n".join(
+        listing_line(k, movies[m].text(tags_before=tags_before), *counts[m])
+        for k, m in enumerate(page, start=1)
+    )
 
 
 def observation(now: int, what: str) -> str:

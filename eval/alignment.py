@@ -1,24 +1,31 @@
-"""Rating alignment (the test of Agent4Rec, a peer sandbox of MovieLens agents): do the agents rate the
-movies their user really rated as the user did?
+"""Rating alignment (the test of Agent4Rec, a peer sandbox of MovieLens agents), run through the
+simulator: does a tested user's agent rate the films the user really rated next as the user did?
 
-For each sampled MovieLens user (seeded, as in eval.discrimination): the user's ratings in time order
-(ties by movie id); the last ``held`` are held out; everything a method sees is strictly older than the
-first of them (the cutoff). Methods predict a rating for each held-out movie:
+For each tested user (eval.sandbox_cases: the same users as eval.discrimination and eval.generation):
+the user's ratings in time order (ties by movie id); the last ``held`` are held out; everything a method
+sees is strictly older than the first of them (the cutoff). Methods predict a rating for each held-out
+film:
 
 - ``user_mean``: the user's mean rating before the cutoff (the global mean before it when none);
-- ``user_mean_whole``: the same rounded to whole stars, the agent's answer space (1-5);
+- ``user_mean_whole``: the same rounded to whole stars, the LLM's answer space (1-5);
 - ``mf``: biased matrix factorisation for explicit ratings (``surprise.SVD``, Funk's SVD), trained per
   user on every rating older than that user's cutoff; its estimates are clipped to 0.5-5 by surprise;
-- ``agent``: the sandbox's LLM with the user's last rated titles and their stars as its memories,
-  answering one of 1-5 (a structured choice; an unusable answer is replaced by the user's whole-star mean
-  and counted).
+- ``llm``: the bare LLM with the user's last rated titles and their stars as its memories, answering
+  one of 1-5 (a structured choice; an unusable answer is replaced by the user's whole-star mean and
+  counted);
+- ``agent-llm``: the LLM's stars through the agent (the user's agent built at the cutoff as the sandbox
+  builds it: profile, the memories the film recalls), unusable answers replaced as above;
+- ``agent``: the agent's rating path in the sandbox (agents/sandbox/rating.py): the review simulator's
+  star model as of the cutoff, blended with the agent's LLM stars only where the blend rule says so on
+  the validation users' held-out ratings (asked of the LLM as those users' agents).
 
-Real MovieLens ratings are half stars (0.5-5); the agent, as in Agent4Rec, answers whole stars. Reported
-per method: MAE and RMSE over all held-out ratings, the rating distribution with its Wasserstein distance
-from the real one, and, per user, the paired difference of mean absolute errors against the agent with a
-95% bootstrap interval. Agent4Rec reports MAE 0.77 on MovieLens-1M with a hosted LLM.
+Real MovieLens ratings are half stars (0.5-5). Reported per method: MAE and RMSE over all held-out
+ratings, the rating distribution with its Wasserstein distance from the real one, and, per user, the
+paired difference of mean absolute errors against the agent with a 95% bootstrap interval. Agent4Rec
+reports MAE 0.77 on MovieLens-1M with a hosted LLM.
 
-    python -m eval.alignment --config configs/sandbox/movielens.yaml --out runs/alignment --users 100
+    python -m eval.alignment --config configs/sandbox/movielens.yaml --out runs/alignment --users 100 \
+        --after 2010-01-01
 
 Writes OUT/results.json, OUT/table.md and OUT/distribution.png.
 """
@@ -97,7 +104,7 @@ def predict_mf(cases, data, config, counts=None, **_) -> list[list[float]]:
 
 
 def rating_prompts(cases, data, history_titles: int) -> list[list[dict]]:
-    from agents.sandbox.prompts import frame
+    from data_prep.prompt import build_sandbox_messages as frame
 
     prompts = []
     for case in cases:
@@ -117,7 +124,7 @@ def rating_prompts(cases, data, history_titles: int) -> list[list[dict]]:
     return prompts
 
 
-def predict_agent(cases, data, backend, rng, counts, history_titles: int = 20, **_) -> list[list[float]]:
+def predict_llm(cases, data, backend, rng, counts, history_titles: int = 20, **_) -> list[list[float]]:
     from agents.llm import Constraint, Sampling
 
     prompts = rating_prompts(cases, data, history_titles)
@@ -142,12 +149,73 @@ def predict_agent(cases, data, backend, rng, counts, history_titles: int = 20, *
     return out
 
 
+def agents_for(cases, data, config, backend, embed, rng):
+    """Each tested user's agent at the cutoff and a Decider for it (temperature 0)."""
+    from agents.sandbox.agent import agents_at
+    from agents.sandbox.decide import Decider
+    from agents.sandbox.memory import LLMMemoryModel
+
+    decider = Decider(config, backend, rng, Counter())
+    model = LLMMemoryModel(backend, around=decider.adapter)
+    agents = agents_at(
+        data, [c["user"] for c in cases], [c["cutoff"] for c in cases], config, embed, model, rng
+    )
+    return agents, decider, model
+
+
+def predict_agent_llm(cases, data, config, backend, embed, rng, counts, **_) -> list[list[float]]:
+    """The LLM's stars through each user's agent at the cutoff (rating.llm_stars)."""
+    from agents.sandbox.rating import llm_stars
+
+    agents, decider, _ = agents_for(cases, data, config, backend, embed, rng)
+    fallback = predict_user_mean_whole(cases, data)
+    out = []
+    for agent, case, backup in tqdm(
+        list(zip(agents, cases, fallback, strict=True)), desc="agent-llm", leave=False
+    ):
+        films = [m for m, _ in case["held"]]
+        answers = llm_stars(
+            decider, [agent] * len(films), films, data.movies, [case["cutoff"]] * len(films), [0] * len(films)
+        )
+        counts["agent_fallbacks"] += sum(a is None for a in answers)
+        out.append([a if a is not None else b for a, b in zip(answers, backup, strict=True)])
+    return out
+
+
+def predict_agent(cases, data, config, backend, embed, rng, counts, validation=(), **_) -> list[list[float]]:
+    """The agent's rating path: the star model as of each cutoff, the LLM blended in only where the
+    validation users' held-out ratings (asked of the LLM as their agents) say it helps."""
+    from agents.sandbox.rating import Rater
+
+    agents, decider, model = agents_for(cases, data, config, backend, embed, rng)
+    rater = Rater(data.ratings, decider, config, data.movies)
+    wanted = {(c["user"], m) for c in validation for m, _ in c["held"]}
+    rows = [r for r in rater.model.validation if (int(r[1]), int(r[2])) in wanted]
+    if rows:
+        rater.validate(rows, data, embed, model, rng)
+    counts.update(rater.counts)
+    counts["llm_validation_rows"] = len(rows)
+    counts["blend_chosen_with_all_validation"] = rater.model.report.get("blend_chosen_with_all_validation")
+    out = []
+    for agent, case in zip(agents, cases, strict=True):
+        films = [m for m, _ in case["held"]]
+        stars, sources = rater.rate(
+            [agent] * len(films), films, [case["cutoff"]] * len(films), [0] * len(films)
+        )
+        counts.update(f"source:{s}" for s in sources)
+        out.append(stars)
+    return out
+
+
 METHODS = {
     "user_mean": predict_user_mean,
     "user_mean_whole": predict_user_mean_whole,
     "mf": predict_mf,
+    "llm": predict_llm,
+    "agent-llm": predict_agent_llm,
     "agent": predict_agent,
 }
+LLM_METHODS = ("llm", "agent-llm", "agent")
 
 
 def paired_interval(a: np.ndarray, b: np.ndarray) -> list[float]:
@@ -232,38 +300,67 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run(config, out: Path, n_users: int, held: int, methods: list[str], backend=None) -> dict:
+def run(
+    config_path,
+    set_overrides,
+    out: Path,
+    n_users: int,
+    n_validation: int,
+    after: str,
+    held: int,
+    methods: list[str],
+    backend=None,
+    embed=None,
+) -> dict:
+    from agents.sandbox.config import load_config
     from data_prep import movielens
+    from eval.sandbox_cases import HORIZON, draw_users
 
+    config = load_config(config_path, [*set_overrides, "temperature=0"])
     data = movielens.load(config.data)
-    rng = np.random.default_rng(config.seed)
-    eligible = sorted(u for u, rows in data.by_user().items() if len(rows) > held)
-    users = sorted(int(u) for u in rng.choice(eligible, size=n_users, replace=False))
+    moment = movielens.parse_moment(after, data)
+    if not 1 <= held <= HORIZON:
+        raise SystemExit(
+            f"error: --held must be 1 to {HORIZON} (the tests' users have {HORIZON} ratings after their cutoff)"
+        )
+    users, validation_users = draw_users(
+        data, moment, HORIZON, config.min_history, n_users, n_validation, config.seed
+    )
     cases = make_cases(data, users, held)
-    if "agent" in methods and backend is None:
+    validation = make_cases(data, validation_users, held)
+    if any(m in LLM_METHODS for m in methods) and backend is None:
         from agents.llm import load_llm
 
         backend = load_llm(config.llm)
+    if any(m in ("agent-llm", "agent") for m in methods) and embed is None:
+        from agents.retrieval import Retriever
+        from eval.backends import packaged_minilm
+
+        embed = Retriever(packaged_minilm("cpu", 64)).embed
     predictions, counts = {}, {}
     for method in methods:
         counts[method] = Counter()
         method_rng = np.random.default_rng([config.seed, list(METHODS).index(method)])
         predictions[method] = METHODS[method](
-            cases, data=data, config=config, backend=backend, rng=method_rng, counts=counts[method]
-        )
+            cases, data=data, config=config, backend=backend, embed=embed, rng=method_rng, counts=counts[method],
+            validation=validation,
+        )  # fmt: skip
+        print(f"{method}: done")
     real = [s for c in cases for _, s in c["held"]]
     results = {
         "users": users,
+        "validation_users": validation_users,
+        "after": movielens.day(moment),
         "held_per_user": held,
         "ratings": len(real),
         "real_mean": round(float(np.mean(real)), 4),
         "seed": config.seed,
-        "model": config.llm.model if "agent" in methods else None,
+        "model": config.llm.model if any(m in LLM_METHODS for m in methods) else None,
         "scores": score(cases, predictions),
-        "counts": {m: dict(c) for m, c in counts.items() if c},
+        "counts": {m: {k: v for k, v in c.items()} for m, c in counts.items() if c},
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     (out / "table.md").write_text(table(results))
     plot(results, out / "distribution.png")
     print(table(results))
@@ -271,17 +368,28 @@ def run(config, out: Path, n_users: int, held: int, methods: list[str], backend=
 
 
 def main(argv: list[str] | None = None) -> None:
-    from agents.sandbox.config import load_config
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--users", type=int, default=100)
+    parser.add_argument(
+        "--validation-users", type=int, default=50, help="their held-out ratings validate the blend"
+    )
+    parser.add_argument("--after", default="2010-01-01", help="held-out ratings at or after this date")
     parser.add_argument("--held", type=int, default=5, help="last ratings held out per user")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
     args = parser.parse_args(argv)
-    run(load_config(args.config, args.set), args.out, args.users, args.held, args.methods)
+    run(
+        args.config,
+        args.set,
+        args.out,
+        args.users,
+        args.validation_users,
+        args.after,
+        args.held,
+        args.methods,
+    )
 
 
 if __name__ == "__main__":

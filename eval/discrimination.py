@@ -3,8 +3,10 @@ user watched next from ones they never watched?
 
 For each tested user (eval.sandbox_cases: drawn with the seed among users whose held-out ratings are
 after ``--after``): the user's ratings in time order (ties by movie id); the last ``a`` are held out (T);
-``b`` movies the user never rated, that someone had rated before the user's first held-out rating (the
-cutoff; a film released later would give itself away), join them; the method picks ``a`` of the a + b
+``b`` films the user never rated that existed before the user's first held-out rating (the cutoff):
+rated by someone before it or released in an earlier year (a film released later would give itself
+away; a film nobody had rated yet shows "no ratings yet" on the page, as a new film the user really
+watched next can), join them; the method picks ``a`` of the a + b
 (S); p = mean over users of |T & S| / |T|, with a 95% BCa interval over users. Everything a method sees
 is older than the cutoff: the user's earlier ratings, every user's ratings before it (popularity, MF,
 the counts a page shows), and the tags written before it.
@@ -41,12 +43,22 @@ from tqdm import tqdm
 
 from agents.retrieval import top_indices
 from eval.metrics import bca_interval
-from eval.sandbox_cases import HORIZON, Results, adapter_context, check_adapter, data_digest, draw_users, variants
+from eval.sandbox_cases import (
+    CHUNK,
+    HORIZON,
+    NORMALISATIONS,
+    AgentRow,
+    Results,
+    adapter_context,
+    check_adapter,
+    data_digest,
+    draw_users,
+    page_text,
+    variants,
+)
 
 SETTINGS = ((1, 5), (3, 3), (3, 7), (1, 9))
 BASELINES = ("random", "popularity", "embedding", "mf", "llm")
-NORMALISATIONS = ("sum", "mean", "pmi")
-CHUNK = 16  # prompts per call, for the progress bar
 PAPER = {  # the paper's Table 3 (20 MovieLens-1M users, ChatGPT), for reference
     "Embedding (paper)": (0.25, 0.55, 0.45, 0.30),
     "RecSim (paper)": (0.25, 0.53, 0.37, 0.10),
@@ -57,18 +69,19 @@ PAPER = {  # the paper's Table 3 (20 MovieLens-1M users, ChatGPT), for reference
 
 def make_cases(data, users: list[int], a: int, b: int, rng: np.random.Generator, skipped=None) -> list[dict]:
     """One case per user; a user with fewer than b possible distractors before the cutoff is left
-    out and listed in ``skipped`` (reported in results.json)."""
+    out and listed in ``skipped`` (reported in results.json). Distractors: films the user never rated
+    that existed before the cutoff (data_prep.movielens.existing_films: rated by someone before it, or
+    released in an earlier year)."""
+    from data_prep.movielens import existing_films
+
     by_user = data.by_user()
-    first_rated: dict[int, int] = {}
-    for r in data.ratings:  # time order: the first rating of each movie
-        first_rated.setdefault(r.movie, r.ts)
     cases = []
     for user in users:
         ratings = by_user[user]  # time order, ties by movie id
         held = [r.movie for r in ratings[-a:]]
         cutoff = ratings[-a].ts
         rated = {r.movie for r in ratings}
-        unseen = [m for m in sorted(first_rated) if m not in rated and first_rated[m] < cutoff]
+        unseen = [m for m in existing_films(data, cutoff) if m not in rated]
         if len(unseen) < b:
             if skipped is not None:
                 skipped.append(user)
@@ -89,7 +102,9 @@ def make_cases(data, users: list[int], a: int, b: int, rng: np.random.Generator,
 
 
 def pick_random(cases, a, rng, **_):
-    return [[c["candidates"][i] for i in rng.choice(len(c["candidates"]), size=a, replace=False)] for c in cases]
+    return [
+        [c["candidates"][i] for i in rng.choice(len(c["candidates"]), size=a, replace=False)] for c in cases
+    ]
 
 
 def pick_popularity(cases, a, data, **_):
@@ -104,7 +119,9 @@ def pick_popularity(cases, a, data, **_):
 def pick_embedding(cases, a, data, encoder, **_):
     picks = []
     for case in cases:
-        texts = [data.movies[m].text(tags_before=case["cutoff"]) for m in (*case["history"], *case["candidates"])]
+        texts = [
+            data.movies[m].text(tags_before=case["cutoff"]) for m in (*case["history"], *case["candidates"])
+        ]
         vectors = np.asarray(encoder(texts), dtype=float)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         profile = vectors[: len(case["history"])].mean(axis=0)
@@ -137,18 +154,19 @@ def pick_mf(cases, a, data, config, rng, cache=None, **_):
 
 def listing(case, data) -> str:
     """The candidates as a page: what the sandbox's pages show at the cutoff."""
-    from data_prep.prompt import page_lines
-
-    popularity = data.popularity()
-    counts = {m: (popularity.count(m, case["cutoff"]), popularity.mean(m, case["cutoff"])) for m in case["candidates"]}
-    return page_lines(case["candidates"], data.movies, counts, case["cutoff"])
+    return page_text(data, case["candidates"], case["cutoff"])
 
 
 def numbers_schema(a: int, size: int):
     from agents.llm import Constraint
 
     return Constraint.json_object(
-        items={"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": size}, "minItems": a, "maxItems": a}
+        items={
+            "type": "array",
+            "items": {"type": "integer", "minimum": 1, "maximum": size},
+            "minItems": a,
+            "maxItems": a,
+        }
     )
 
 
@@ -196,75 +214,40 @@ def pick_llm(cases, a, data, backend, rng, counts, history_titles: int = 10, **_
     return parse_numbers(cases, answers, a, rng, counts)
 
 
-METHODS = {"random": pick_random, "popularity": pick_popularity, "embedding": pick_embedding, "mf": pick_mf, "llm": pick_llm}
+METHODS = {
+    "random": pick_random,
+    "popularity": pick_popularity,
+    "embedding": pick_embedding,
+    "mf": pick_mf,
+    "llm": pick_llm,
+}
 
 
-class AgentRow:
-    """One of the simulator's agents under test: its config, its Decider, its agents per cutoff."""
+def agent_scores(row: AgentRow, cases: list[dict]) -> dict[str, list[np.ndarray]]:
+    """Every candidate's score under each normalisation, each user's agent at the cutoff."""
+    agents = row.agents(cases)
+    moments = [c["cutoff"] for c in cases]
+    return row.scores(agents, [c["candidates"] for c in cases], moments, moments, [0] * len(cases))
 
-    def __init__(self, name, overrides, uses_adapter, config_path, set_overrides, data, backend, embed, seed):
-        from agents.sandbox.config import load_config
-        from agents.sandbox.decide import Decider
-        from agents.sandbox.memory import LLMMemoryModel
 
-        self.name, self.uses_adapter, self.data, self.backend, self.embed = name, uses_adapter, data, backend, embed
-        self.config = load_config(config_path, [*set_overrides, *overrides, "temperature=0"])
-        self.rng = np.random.default_rng([seed, sum(map(ord, name))])
-        self.counts: Counter = Counter()
-        self.decider = Decider(self.config, backend, self.rng, self.counts)
-        self.model = LLMMemoryModel(backend, around=self.decider.adapter)
-        self.built: dict[tuple, tuple[list, list]] = {}
+def agent_numbers(row: AgentRow, cases: list[dict], a: int) -> list[list[int]]:
+    """The agent's structured answer: ``a`` numbers of the page."""
+    from agents.sandbox.agent import watch_messages
 
-    def agents(self, cases: list[dict], a: int) -> list:
-        """Each case's user's agent at the cutoff (built once per hold-out size, memories restored to
-        their start before every use: retrieval refreshes what it recalls)."""
-        from agents.sandbox.agent import agents_at
-
-        key = tuple((c["user"], c["cutoff"]) for c in cases)
-        if key not in self.built:
-            with adapter_context(self.backend, self.uses_adapter):
-                agents = agents_at(
-                    self.data, [c["user"] for c in cases], [c["cutoff"] for c in cases], self.config, self.embed, self.model, self.rng
-                )
-            self.built[key] = (agents, [agent.memory.to_json() for agent in agents])
-        agents, states = self.built[key]
-        for agent, state in zip(agents, states, strict=True):
-            agent.memory.load_json(state)
-        return agents
-
-    def scores(self, cases: list[dict], a: int) -> dict[str, list[np.ndarray]]:
-        """Every candidate's score under each normalisation, chunked for the progress bar."""
-        from agents.sandbox.agent import watch_messages
-
-        agents = self.agents(cases, a)
-        out: dict[str, list[np.ndarray]] = {n: [] for n in NORMALISATIONS}
-        with adapter_context(self.backend, self.uses_adapter):
-            for start in tqdm(range(0, len(cases), CHUNK), desc=self.name, leave=False):
-                chunk = cases[start : start + CHUNK]
-                prompts = [
-                    watch_messages(g, listing(c, self.data), c["cutoff"], 0)
-                    for g, c in zip(agents[start : start + CHUNK], chunk, strict=True)
-                ]
-                titles = [[self.data.movies[m].title for m in c["candidates"]] for c in chunk]
-                for norm, values in self.decider.all_scores("watch", prompts, titles).items():
-                    out[norm] += values
-        return out
-
-    def generate(self, cases: list[dict], a: int) -> list[list[int]]:
-        from agents.sandbox.agent import watch_messages
-
-        agents = self.agents(cases, a)
-        names = [f"User {c['user']}" for c in cases]
-        answers = []
-        with adapter_context(self.backend, self.uses_adapter):
-            for start in tqdm(range(0, len(cases), CHUNK), desc=self.name, leave=False):
-                chunk = cases[start : start + CHUNK]
-                prompts = [
-                    watch_messages(g, listing(c, self.data), c["cutoff"], 0, numbers_instruction(a))
-                    for g, c in zip(agents[start : start + CHUNK], chunk, strict=True)
-                ]
-                answers += self.decider.ask("watch", names[start : start + CHUNK], prompts, numbers_schema(a, len(cases[0]["candidates"])))
-        return parse_numbers(cases, answers, a, self.rng, self.counts)
+    agents = row.agents(cases)
+    answers = []
+    with adapter_context(row.backend, row.uses_adapter):
+        for start in tqdm(range(0, len(cases), CHUNK), desc=row.name, leave=False):
+            chunk = cases[start : start + CHUNK]
+            prompts = [
+                watch_messages(g, listing(c, row.data), c["cutoff"], 0, numbers_instruction(a))
+                for g, c in zip(agents[start : start + CHUNK], chunk, strict=True)
+            ]
+            names = [f"User {c['user']}" for c in chunk]
+            answers += row.decider.ask(
+                "watch", names, prompts, numbers_schema(a, len(cases[0]["candidates"]))
+            )
+    return parse_numbers(cases, answers, a, row.rng, row.counts)
 
 
 def top(cases, scores: list[np.ndarray], a: int) -> list[list[int]]:
@@ -272,13 +255,20 @@ def top(cases, scores: list[np.ndarray], a: int) -> list[list[int]]:
 
 
 def hits(cases, picks) -> np.ndarray:
-    return np.array([len(set(c["held"]) & set(p)) / len(c["held"]) for c, p in zip(cases, picks, strict=True)])
+    return np.array(
+        [len(set(c["held"]) & set(p)) / len(c["held"]) for c, p in zip(cases, picks, strict=True)]
+    )
 
 
 def score(cases, picks) -> dict:
     values = hits(cases, picks)
     low, high, _ = bca_interval(values)
-    return {"p": round(float(values.mean()), 4), "ci95": [round(low, 4), round(high, 4)], "users": len(values), "hits": values.tolist()}
+    return {
+        "p": round(float(values.mean()), 4),
+        "ci95": [round(low, 4), round(high, 4)],
+        "users": len(values),
+        "hits": values.tolist(),
+    }
 
 
 def run_agent_row(row: AgentRow, cases: dict, validation: dict) -> dict:
@@ -288,18 +278,22 @@ def run_agent_row(row: AgentRow, cases: dict, validation: dict) -> dict:
     if row.config.decision.mode == "generate":
         for key, test_cases in cases.items():
             a = int(key.split(",")[0])
-            out["settings"][key] = score(test_cases, row.generate(test_cases, a))
+            out["settings"][key] = score(test_cases, agent_numbers(row, test_cases, a))
         out["fallbacks"] = row.counts["fallbacks"]
         return out
     chosen_on = {}
     for key, val_cases in validation.items():
         a = int(key.split(",")[0])
-        scored = row.scores(val_cases, a)
-        chosen_on[key] = {n: float(hits(val_cases, top(val_cases, scored[n], a)).mean()) for n in NORMALISATIONS}
-    best = max(NORMALISATIONS, key=lambda n: (np.mean([v[n] for v in chosen_on.values()]), -NORMALISATIONS.index(n)))
+        scored = agent_scores(row, val_cases)
+        chosen_on[key] = {
+            n: float(hits(val_cases, top(val_cases, scored[n], a)).mean()) for n in NORMALISATIONS
+        }
+    best = max(
+        NORMALISATIONS, key=lambda n: (np.mean([v[n] for v in chosen_on.values()]), -NORMALISATIONS.index(n))
+    )
     for key, test_cases in cases.items():
         a = int(key.split(",")[0])
-        out["settings"][key] = score(test_cases, top(test_cases, row.scores(test_cases, a)[best], a))
+        out["settings"][key] = score(test_cases, top(test_cases, agent_scores(row, test_cases)[best], a))
     out.update(normalisation=best, validation_p=chosen_on)
     return out
 
@@ -318,7 +312,12 @@ def claims(results: dict, subject: str) -> list[dict]:
     """``subject`` minus popularity and minus MF in every setting, paired over users, Bonferroni over
     the claims made."""
     out = []
-    pairs = [(key, other) for key, row in results["settings"].items() for other in ("popularity", "mf") if subject in row and other in row]
+    pairs = [
+        (key, other)
+        for key, row in results["settings"].items()
+        for other in ("popularity", "mf")
+        if subject in row and other in row
+    ]
     confidence = 1 - 0.05 / max(len(pairs), 1)
     for key, other in pairs:
         row = results["settings"][key]
@@ -352,8 +351,14 @@ def run(
     rows = variants(adapter)
     methods = methods or [*BASELINES, *rows]
     wanted = [m for m in methods if m in BASELINES or m in rows]
-    left_out = [m for m in [*methods, *variants("adapter")] if m not in wanted and m not in rows and m.startswith("tuned")]
-    test_users, val_users = draw_users(data, moment, HORIZON, config.min_history, n_users, n_validation, config.seed)
+    left_out = [
+        m
+        for m in [*methods, *variants("adapter")]
+        if m not in wanted and m not in rows and m.startswith("tuned")
+    ]
+    test_users, val_users = draw_users(
+        data, moment, HORIZON, config.min_history, n_users, n_validation, config.seed
+    )
     inputs = {
         "data": data_digest(config.data),
         "config": as_dict(config),
@@ -365,7 +370,11 @@ def run(
     results_store = Results(out, inputs, overwrite)
     cases, skipped = cases_for(data, test_users, config.seed)
     validation, _ = cases_for(data, val_users, config.seed + 1)
-    needs_llm = [m for m in wanted if m not in ("random", "popularity", "embedding", "mf") and results_store.get(m) is None]
+    needs_llm = [
+        m
+        for m in wanted
+        if m not in ("random", "popularity", "embedding", "mf") and results_store.get(m) is None
+    ]
     if needs_llm and backend is None:
         from agents.llm import load_llm
 
@@ -387,7 +396,9 @@ def run(
             continue
         if method in rows:
             overrides, uses_adapter = rows[method]
-            row = AgentRow(method, overrides, uses_adapter, config_path, set_overrides, data, backend, embed, config.seed)
+            row = AgentRow(
+                method, overrides, uses_adapter, config_path, set_overrides, data, backend, embed, config.seed
+            )
             value = run_agent_row(row, cases, validation)
             value["counts"] = {k: v for k, v in row.counts.items() if k != "fallbacks"}
         else:
@@ -480,8 +491,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--validation-users", type=int, default=50)
-    parser.add_argument("--after", default="2010-01-01", help="held-out ratings at or after this date (YYYY-MM-DD)")
-    parser.add_argument("--adapter", help="a LoRA adapter from train.sft on data_prep.choice_pairs: the tuned rows")
+    parser.add_argument(
+        "--after", default="2010-01-01", help="held-out ratings at or after this date (YYYY-MM-DD)"
+    )
+    parser.add_argument(
+        "--adapter", help="a LoRA adapter from train.sft on data_prep.choice_pairs: the tuned rows"
+    )
     all_methods = list(dict.fromkeys([*BASELINES, *variants("adapter"), *variants(None)]))
     parser.add_argument("--methods", nargs="+", choices=all_methods, help="default: every one that can run")
     parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")

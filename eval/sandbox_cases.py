@@ -25,13 +25,18 @@ settings), unless --overwrite.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from data_prep import fingerprint
 from data_prep.movielens import day
+
+NORMALISATIONS = ("sum", "mean", "pmi")
+CHUNK = 16  # prompts per call, for the progress bar
 
 HORIZON = 10  # the generation test's steps: the longest hold-out of the three tests
 ABLATIONS = {
@@ -66,7 +71,9 @@ def eligible_users(data, after: int, held: int, min_history: int) -> list[int]:
     return out
 
 
-def draw_users(data, after: int, held: int, min_history: int, n_test: int, n_validation: int, seed: int) -> tuple[list[int], list[int]]:
+def draw_users(
+    data, after: int, held: int, min_history: int, n_test: int, n_validation: int, seed: int
+) -> tuple[list[int], list[int]]:
     """Test and validation users, disjoint, drawn with the seed from the eligible ones."""
     eligible = eligible_users(data, after, held, min_history)
     if n_test + n_validation > len(eligible):
@@ -95,7 +102,11 @@ def check_adapter(adapter: str | None, after: int, config) -> dict | None:
             "its tests would see what it learned from after their cutoffs. Build the pairs with "
             "python -m data_prep.choice_pairs --before, or test with a later --after"
         )
-    card = json.loads((folder / "training_card.json").read_text()) if (folder / "training_card.json").exists() else {}
+    card = (
+        json.loads((folder / "training_card.json").read_text())
+        if (folder / "training_card.json").exists()
+        else {}
+    )
     options = ((card.get("data") or {}).get("options")) or {}
     expected = {
         "round_days": config.round_days,
@@ -105,7 +116,9 @@ def check_adapter(adapter: str | None, after: int, config) -> dict | None:
     }
     wrong = {k: (options.get(k), v) for k, v in expected.items() if k in options and options[k] != v}
     if wrong:
-        raise SystemExit(f"error: the adapter's pairs were built with other prompt settings (pairs, config): {wrong}")
+        raise SystemExit(
+            f"error: the adapter's pairs were built with other prompt settings (pairs, config): {wrong}"
+        )
     return {"adapter": adapter, "latest_target": day(latest), "pairs": card.get("recipe", {}).get("pairs")}
 
 
@@ -113,6 +126,82 @@ def adapter_context(backend, uses_adapter: bool):
     """A row without the adapter runs on the base model alone."""
     off = getattr(backend, "adapter_off", None)
     return nullcontext() if uses_adapter or off is None else off()
+
+
+def page_text(data, page: list[int], moment: int) -> str:
+    """A page as the sandbox shows it at ``moment``: each film's ratings and tags from before it."""
+    from data_prep.prompt import page_lines
+
+    popularity = data.popularity()
+    counts = {m: (popularity.count(m, moment), popularity.mean(m, moment)) for m in page}
+    return page_lines(page, data.movies, counts, moment)
+
+
+class AgentRow:
+    """One of the simulator's agents under test: its config (temperature 0), its Decider, its memory
+    model, and its agents per set of (user, cutoff)."""
+
+    def __init__(self, name, overrides, uses_adapter, config_path, set_overrides, data, backend, embed, seed):
+        from agents.sandbox.config import load_config
+        from agents.sandbox.decide import Decider
+        from agents.sandbox.memory import LLMMemoryModel
+
+        self.name, self.uses_adapter, self.data, self.backend, self.embed = (
+            name,
+            uses_adapter,
+            data,
+            backend,
+            embed,
+        )
+        self.config = load_config(config_path, [*set_overrides, *overrides, "temperature=0"])
+        self.rng = np.random.default_rng([seed, sum(map(ord, name))])
+        self.counts: Counter = Counter()
+        self.decider = Decider(self.config, backend, self.rng, self.counts)
+        self.model = LLMMemoryModel(backend, around=self.decider.adapter)
+        self.built: dict[tuple, tuple[list, list]] = {}
+
+    def agents(self, cases: list[dict]) -> list:
+        """Each case's user's agent at the case's cutoff, built once and handed out with its memory as
+        it started (retrieval refreshes what it recalls, a test's steps add to it)."""
+        from agents.sandbox.agent import agents_at
+
+        key = tuple((c["user"], c["cutoff"]) for c in cases)
+        if key not in self.built:
+            users, moments = [c["user"] for c in cases], [c["cutoff"] for c in cases]
+            agents = agents_at(self.data, users, moments, self.config, self.embed, self.model, self.rng)
+            self.built[key] = (agents, [agent.memory.to_json() for agent in agents])
+        agents, states = self.built[key]
+        for agent, state in zip(agents, states, strict=True):
+            agent.memory.load_json(state)
+            agent.rated, agent.inbox = [], []
+        return agents
+
+    def scores(
+        self, agents, pages, moments, clocks, rounds, wanted=NORMALISATIONS
+    ) -> dict[str, list[np.ndarray]]:
+        """Every film's score on each agent's page under the ``wanted`` normalisations: the page as it
+        stood at ``moments`` (counts, tags), shown at the simulated ``clocks`` in round ``rounds``."""
+        from agents.sandbox.agent import watch_messages
+
+        out: dict[str, list[np.ndarray]] = {n: [] for n in wanted}
+        with adapter_context(self.backend, self.uses_adapter):
+            for start in tqdm(range(0, len(agents), CHUNK), desc=self.name, leave=False):
+                end = start + CHUNK
+                prompts = [
+                    watch_messages(agent, page_text(self.data, page, moment), clock, now)
+                    for agent, page, moment, clock, now in zip(
+                        agents[start:end],
+                        pages[start:end],
+                        moments[start:end],
+                        clocks[start:end],
+                        rounds[start:end],
+                        strict=True,
+                    )
+                ]
+                titles = [[self.data.movies[m].title for m in page] for page in pages[start:end]]
+                for norm, values in self.decider.all_scores("watch", prompts, titles, wanted).items():
+                    out[norm] += values
+        return out
 
 
 class Results:

@@ -59,3 +59,18 @@ class Recording(Scripted):
             name = conversation[0]["content"].removeprefix("You are ").split(";")[0]
             return "recommender" if name.endswith(("1", "3", "5", "7", "9")) else "social"
         return super().answer(conversation, constraint)
+
+
+class Scoring(Scripted):
+    """Scripted answers, and log-probabilities for scored options by rule: ``prefer`` maps an option to
+    its log-probability (a dict, others -5; or a function of the option), each option one token long;
+    every scored prompt is kept."""
+
+    def __init__(self, places=None, prefer=None, broken=()):
+        super().__init__(places or {}, broken)
+        self.prefer = prefer if callable(prefer) else (lambda o, table=dict(prefer or {}): table.get(o, -5.0))
+        self.scored = []
+
+    def score(self, conversations, options):
+        self.scored.append((conversations, options))
+        return [[(self.prefer(o), 1) for o in group] for group in options]

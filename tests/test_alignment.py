@@ -66,12 +66,12 @@ class Rater:
         return self.answers[: len(conversations)]
 
 
-def test_the_agent_answers_a_choice_and_unusable_answers_fall_back_counted():
+def test_the_bare_llm_answers_a_choice_and_unusable_answers_fall_back_counted():
     data = tiny()
     cases = al.make_cases(data, [1], held=2)
     backend = Rater(["5", "maybe"])
     counts = Counter()
-    predictions = al.predict_agent(cases, data, backend, np.random.default_rng(0), counts)
+    predictions = al.predict_llm(cases, data, backend, np.random.default_rng(0), counts)
     assert predictions == [[5.0, 3.0]]  # the second answer replaced by the whole-star user mean
     assert counts["agent_fallbacks"] == 1 and counts["unusable_answers"] == ["maybe"]
     ((conversations, constraint),) = backend.asked
@@ -103,3 +103,23 @@ def test_mf_trains_only_on_ratings_before_each_users_cutoff(monkeypatch):
     cases = al.make_cases(tiny(), [1], held=2)
     assert al.predict_mf(cases, tiny(), config) == [[3.0, 3.0]]
     assert seen == [[(1, 1), (1, 2), (2, 1), (3, 6)]]  # user 3's rating of movie 3 at t=60 is later
+
+
+def test_the_agent_rates_with_the_star_model_as_of_the_cutoff_and_asks_no_llm_without_a_blend():
+    from sandbox_fakes import embed
+
+    from agents.sandbox.config import load_config
+    from agents.sandbox.rating import star_model
+
+    data = tiny()
+    cases = al.make_cases(data, [1], held=2)
+    backend = Rater([])
+    counts = Counter()
+    config = load_config(None, ["temperature=0"])
+    got = al.predict_agent(cases, data, config, backend, embed, np.random.default_rng(0), counts)
+    expected, _ = star_model(data.ratings).predict(["1", "1"], ["3", "4"], [30, 30])
+    assert got == [expected] and backend.asked == []  # no validation rows: the model alone, no LLM call
+    assert (
+        counts["llm_validation_rows"] == 0
+        and sum(v for k, v in counts.items() if k.startswith("source:")) == 2
+    )

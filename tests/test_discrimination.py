@@ -58,14 +58,68 @@ class Answers:
         return self.answers[: len(conversations)]
 
 
-def test_the_agent_picks_through_structured_numbers_and_unusable_answers_are_counted():
+def test_the_bare_llm_picks_through_structured_numbers_and_unusable_answers_are_counted():
     data = tiny()
     cases = [
         {"user": 1, "cutoff": 30, "history": [1, 2], "held": [3], "candidates": [7, 3, 5]},
         {"user": 2, "cutoff": 40, "history": [5, 6], "held": [7], "candidates": [7, 1, 2]},
     ]
     counts = Counter()
-    picks = d.pick_agent(
+    picks = d.pick_llm(
         cases, 1, data, Answers(['{"items": [2]}', "garbage"]), np.random.default_rng(0), counts
     )
-    assert picks[0] == [3] and len(picks[1]) == 1 and counts["agent_fallbacks"] == 1
+    assert picks[0] == [3] and len(picks[1]) == 1 and counts["fallbacks"] == 1
+
+
+class ByLength:
+    """Scores favouring long titles per token and short ones in sum: the normalisation decides."""
+
+    def __init__(self):
+        self.prompts = []
+
+    def score(self, conversations, options):
+        self.prompts += conversations
+        return [[(-2.0, 4) if o.endswith("*") else (-1.5, 1) for o in group] for group in options]
+
+
+def test_an_agent_row_is_built_at_each_cutoff_and_chooses_its_normalisation_on_validation(tmp_path):
+    from sandbox_fakes import embed
+
+    from eval.sandbox_cases import AgentRow
+
+    data = tiny()
+    for movie in (3, 4, 7):  # the held-out films get long titles: best per token, worst in sum
+        data.movies[movie].title += " *"
+    backend = ByLength()
+    row = AgentRow("agent-score", ["decision.mode=score"], False, None, [], data, backend, embed, 0)
+    cases = {"1,1": [{"user": 1, "cutoff": 30, "history": [1, 2], "held": [3], "candidates": [5, 3]}]}
+    validation = {
+        "1,1": [{"user": 2, "cutoff": 40, "history": [5, 6], "held": [7], "candidates": [6, 7]}]
+    }  # pmi: a tie, the first
+    result = d.run_agent_row(row, cases, validation)
+    assert result["normalisation"] == "mean" and result["validation_p"]["1,1"] == {
+        "sum": 0.0,
+        "mean": 1.0,
+        "pmi": 0.0,
+    }
+    assert result["settings"]["1,1"]["p"] == 1.0
+    (test_prompt,) = {
+        "\n".join(m["content"] for m in p) for p in backend.prompts if "User 1" in p[0]["content"]
+    }
+    assert "It is 1970-01-01" in test_prompt
+    remembered = test_prompt.split("# What you remember")[1].split("# Now")[0]
+    assert "Movie 1" in remembered and "Movie 3" not in remembered  # the history before the cutoff only
+    assert "[1 rating, average 4.0]" in test_prompt or "no ratings yet" in test_prompt
+
+
+def test_claims_are_paired_and_bonferroni_corrected_over_the_claims_made():
+    rng = np.random.default_rng(0)
+    settings = {}
+    for key in ("1,5", "3,3"):
+        settings[key] = {
+            m: {"hits": rng.integers(0, 2, 40).astype(float).tolist()} for m in ("tuned", "popularity", "mf")
+        }
+    claims = d.claims({"settings": settings}, "tuned")
+    assert len(claims) == 4 and {c["confidence"] for c in claims} == {1 - 0.05 / 4}
+    tuned, pop = np.array(settings["1,5"]["tuned"]["hits"]), np.array(settings["1,5"]["popularity"]["hits"])
+    assert claims[0]["difference"] == pytest.approx((tuned - pop).mean(), abs=1e-4)

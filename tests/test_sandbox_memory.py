@@ -110,12 +110,19 @@ def test_a_new_record_enhances_every_alike_short_term_record():
 
 
 def history(n):
-    return [Record(f"film {k}", 0.5, -10 + k, -10 + k, None, kind="history", key=f"film {k}") for k in range(n)]
+    return [
+        Record(f"film {k}", 0.5, -10 + k, -10 + k, None, kind="history", key=f"film {k}") for k in range(n)
+    ]
 
 
 @pytest.mark.parametrize(
     ("switches", "short", "long"),
-    [({}, 2, 3), ({"short_term": False}, 0, 5), ({"long_term": False}, 2, 0), ({"short_term": False, "long_term": False}, 0, 0)],
+    [
+        ({}, 2, 3),
+        ({"short_term": False}, 0, 5),
+        ({"long_term": False}, 2, 0),
+        ({"short_term": False, "long_term": False}, 0, 0),
+    ],
 )
 def test_the_real_past_seeds_short_and_long_term_and_the_ablations_turn_parts_off(switches, short, long):
     mem, _ = memory([], short_term_capacity=2, **switches)
@@ -133,7 +140,11 @@ def test_ablations_route_new_memories_and_stop_reflection():
     mem, backend = memory([compressed("comedy one", 6)], long_term=False, short_term_capacity=1)
     mem.short = [Record("horror", 0.5, 0, 0, embed(["horror"])[0])]
     mem.observe(["a"], now=1)  # the horror record leaves short-term with nowhere to go
-    assert [r.text for r in mem.short] == ["comedy one"] and mem.long == [] and mem.counts["dropped_no_long_term"] == 1
+    assert (
+        [r.text for r in mem.short] == ["comedy one"]
+        and mem.long == []
+        and mem.counts["dropped_no_long_term"] == 1
+    )
     mem, backend = memory([], reflection=False)
     mem.seed(history(20))
     assert mem.reflect(now=1) is None and backend.calls == []

@@ -60,16 +60,26 @@ def test_aligned_profiles_carry_their_users_history_before_the_start_and_its_tas
         # Watcher, Explorer and Critic are the data's; Chatter and Poster are drawn
         data = movielens.user_at(ml, profile.user, START).features
         assert [f for f in profile.features if f in ("Watcher", "Explorer", "Critic")] == data
-        assert {f: s for f, s in profile.feature_sources.items() if s == "data"} == dict.fromkeys(data, "data")
-        assert all(profile.feature_sources[f] == "sampled" for f in ("Chatter", "Poster") if f in profile.features)
+        assert {f: s for f, s in profile.feature_sources.items() if s == "data"} == dict.fromkeys(
+            data, "data"
+        )
+        assert all(
+            profile.feature_sources[f] == "sampled" for f in ("Chatter", "Poster") if f in profile.features
+        )
     by_id = aligned_profiles(ml, [p.id for p in first], START, np.random.default_rng(1), FEATURES)
-    assert [(p.history, p.interests, p.dislikes) for p in by_id] == [(p.history, p.interests, p.dislikes) for p in first]
+    assert [(p.history, p.interests, p.dislikes) for p in by_id] == [
+        (p.history, p.interests, p.dislikes) for p in first
+    ]
     with pytest.raises(ProfileError, match="no MovieLens user 9999"):
         aligned_profiles(ml, [9999], START, np.random.default_rng(0), FEATURES)
     late = next(u for u, rs in ml.by_user().items() if rs[0].ts > START)
-    with pytest.raises(ProfileError, match=f"MovieLens user {late} has 0 ratings before the start \\(2010-01-01\\)"):
+    with pytest.raises(
+        ProfileError, match=f"MovieLens user {late} has 0 ratings before the start \\(2010-01-01\\)"
+    ):
         aligned_profiles(ml, [late], START, np.random.default_rng(0), FEATURES)
-    with pytest.raises(ProfileError, match="611 agents asked for, but the data has 610 users with at least 5"):
+    with pytest.raises(
+        ProfileError, match="611 agents asked for, but the data has 610 users with at least 5"
+    ):
         profiles(ml, 611, 0, start=ml.end)
 
 
@@ -80,18 +90,24 @@ def test_features_the_data_cannot_show_are_drawn_and_from_data_can_be_turned_off
     none = movielens_profiles(ml, 50, ml.end, np.random.default_rng(0), FeatureConfig(sample_share=0.0), 5)
     assert all(set(p.features) <= {"Watcher", "Explorer", "Critic"} for p in none)
     assert any(p.features for p in none)  # the data shows some
-    off = movielens_profiles(ml, 50, ml.end, np.random.default_rng(0), FeatureConfig(from_data=False, sample_share=0.0), 5)
+    off = movielens_profiles(
+        ml, 50, ml.end, np.random.default_rng(0), FeatureConfig(from_data=False, sample_share=0.0), 5
+    )
     assert all(p.features == [] for p in off)
 
 
 def test_the_profile_summary_names_only_the_features_a_decision_asks_for():
-    profile = Profile(1, "Ana", interests=["Drama"], dislikes=["Horror"], mean_stars=3.25, features=["Watcher", "Chatter"])
+    profile = Profile(
+        1, "Ana", interests=["Drama"], dislikes=["Horror"], mean_stars=3.25, features=["Watcher", "Chatter"]
+    )
     assert profile.summary() == (
         "Ana; likes Drama; cares less for Horror; rates films 3.2 stars out of 5 on average; "
         "a Watcher: you watch a lot of films and rate what you watch; "
         "a Chatter: you enjoy private chats with friends and trust their tips"
     )
-    assert "Chatter" not in profile.summary(("Watcher", "Explorer")) and "Watcher" in profile.summary(("Watcher",))
+    assert "Chatter" not in profile.summary(("Watcher", "Explorer")) and "Watcher" in profile.summary(
+        ("Watcher",)
+    )
 
 
 HEADER = "id,name,gender,age,traits,career,interests,features\n"
@@ -137,7 +153,9 @@ def test_bad_profile_files_name_the_file_and_row(tmp_path, text, message):
 def test_handcrafted_fields_over_aligned_profiles_keep_the_data_history(ml, tmp_path):
     aligned = profiles(ml, 3, 0)
     path = tmp_path / "p.csv"
-    path.write_text(HEADER.strip() + ",user\n" + f"70,Ana,female,31,curious,nurse,Comedy,Poster,{aligned[0].user}\n")
+    path.write_text(
+        HEADER.strip() + ",user\n" + f"70,Ana,female,31,curious,nurse,Comedy,Poster,{aligned[0].user}\n"
+    )
     combined = combine(aligned, load_profiles(path))
     assert (combined[0].id, combined[0].name, combined[0].user) == (70, "Ana", aligned[0].user)
     assert combined[0].history == aligned[0].history and combined[0].mean_stars == aligned[0].mean_stars
@@ -174,16 +192,22 @@ def person(name, age=30, features=("Critic", "Critic")):
 
 
 def test_the_llm_fills_only_what_profiles_lack_and_every_problem_is_counted(ml, tmp_path):
-    aligned = aligned_profiles(ml, [1, 2, 3], ml.end, np.random.default_rng(0), FeatureConfig(from_data=False, sample_share=0))
+    aligned = aligned_profiles(
+        ml, [1, 2, 3], ml.end, np.random.default_rng(0), FeatureConfig(from_data=False, sample_share=0)
+    )
     hand = Profile(9, "Zoe", "", 41, "calm", "", [], ["Poster"])
     backend = ProfileWriter([person("Ann"), person("Ann"), "{not json", person("Bob", features=[])])
-    written, report = written_by_llm([*aligned, hand], backend, "nurses in Leeds", np.random.default_rng(0), ml.movies)
+    written, report = written_by_llm(
+        [*aligned, hand], backend, "nurses in Leeds", np.random.default_rng(0), ml.movies
+    )
     ((conversations, constraint),) = backend.asked  # one batched call, a JSON schema
     assert len(conversations) == 4 and constraint.kind == "json"
     assert "nurses in Leeds" in conversations[0][0]["content"]
     assert "User 1" not in conversations[0][0]["content"]  # the placeholder name is not a fact
     assert aligned[0].interests[0] in conversations[0][0]["content"]
-    assert ml.movies[aligned[0].history[-1][0]].title in conversations[0][0]["content"]  # films watched lately
+    assert (
+        ml.movies[aligned[0].history[-1][0]].title in conversations[0][0]["content"]
+    )  # films watched lately
     first, second, third, zoe = written
     assert (first.name, first.age, first.career, first.features) == ("Ann", 30, "nurse", ["Critic"])
     assert first.feature_sources == {"Critic": "llm"}

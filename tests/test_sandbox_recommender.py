@@ -6,9 +6,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from data_prep import movielens
 from agents.sandbox.config import RecommenderConfig
 from agents.sandbox.recommender import Feed, MFRecommender, PopularityRecommender
+from data_prep import movielens
 
 
 @pytest.fixture(scope="module")

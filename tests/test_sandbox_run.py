@@ -157,8 +157,8 @@ def test_a_missing_data_folder_is_fetched_when_asked_and_an_error_otherwise(raw,
     import threading
     import zipfile
 
-    from data_prep import movielens
     from agents.sandbox import run as runner
+    from data_prep import movielens
 
     source = raw / "movielens_latest_small"
     buffer = io.BytesIO()
@@ -202,3 +202,35 @@ def test_the_recommender_can_train_on_the_agents_own_history_only(raw, tmp_path)
     ids = {a.profile.id for a in own.agents.values()}
     assert {u for u, _ in own.history} == ids
     assert len(everyone.history) == 100836 and len(own.history) < len(everyone.history)
+
+
+def test_bad_input_is_an_error_naming_what_is_wrong_before_any_round(raw, tmp_path):
+    from agents.sandbox.config import ConfigError
+    from data_prep import movielens
+
+    data = movielens.load(raw / "movielens_latest_small")
+    late = next(
+        u for u, rs in sorted(data.by_user().items()) if rs[0].ts > movielens.parse_moment("2015-01-01", data)
+    )
+    profiles = tmp_path / "p.csv"
+    header = "id,name,gender,age,traits,career,interests,features,user\n"
+    cases = [
+        (header + "1,Ana,f,30,calm,nurse,Drama,,99999\n", [], "profile 'Ana' names MovieLens user 99999"),
+        (
+            header + f"1,Ana,f,30,calm,nurse,Drama,,{late}\n",
+            ["start=2015-01-01"],
+            f"user {late} has 0 ratings before the start \\(2015-01-01\\)",
+        ),
+        (header + "1,Ana,f,30,calm,nurse,Drama,Lurker,\n", [], "unknown behaviour feature 'Lurker'"),
+    ]
+    for k, (text, extra, message) in enumerate(cases):
+        profiles.write_text(text)
+        with pytest.raises(SystemExit, match=message):
+            run(args(raw, tmp_path / f"bad{k}", 1, f"profiles={profiles}", *extra), Recording(), embed)
+        assert not (tmp_path / f"bad{k}" / "interactions.jsonl").exists()  # no round was played
+    with pytest.raises(SystemExit, match="'soon' is not a date"):
+        run(args(raw, tmp_path / "bad-start", 1, "start=soon"), Recording(), embed)
+    with pytest.raises(ConfigError, match="decision.mode"):
+        run(args(raw, tmp_path / "bad-mode", 1, "decision.mode=maybe"), Recording(), embed)
+    with pytest.raises(ConfigError, match="features.sample_share"):
+        run(args(raw, tmp_path / "bad-share", 1, "features.sample_share=2"), Recording(), embed)

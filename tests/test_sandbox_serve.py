@@ -73,7 +73,9 @@ def test_the_views_answer_and_a_step_plays_one_round(served):
     name = agents[0]["name"]
     assert [a["name"] for a in client.get("/api/agents", params={"q": name}).json()] == [name]
     posters = client.get("/api/agents", params={"feature": "Poster"}).json()
-    assert sorted(a["name"] for a in posters) == sorted(a["name"] for a in agents if "Poster" in a["features"])
+    assert sorted(a["name"] for a in posters) == sorted(
+        a["name"] for a in agents if "Poster" in a["features"]
+    )
     card = client.get(f"/api/agents/{name}").json()
     assert card["profile"]["name"] == name and {"short_term", "long_term", "insights"} <= set(card["memory"])
     # the real history the agent stands for, the newest first, and the memories it started with

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from sandbox_fakes import Scripted, embed
 
-from data_prep import movielens
 from agents.sandbox.config import load_config
 from agents.sandbox.profiles import movielens_profiles
 from agents.sandbox.world import PLACES, World
+from data_prep import movielens
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,9 @@ def test_watching_goes_into_memory_and_the_recommender_history(ml):
     assert stats["watches"] == len(watches) == 5 and stats["exposure_genre_entropy"] > 0
     for event in watches:
         agent = w.agents[event["agent"]]
-        assert agent.watched == [event["item"]] and event["item"] not in {m for m, _, _ in agent.profile.history}
+        assert agent.watched == [event["item"]] and event["item"] not in {
+            m for m, _, _ in agent.profile.history
+        }
         remembered = [t for r in agent.memory.short for t in (r.text, *r.enhancers)]
         assert any("liked it" in t and f": {event['stars']:g}/5." in t for t in remembered)
         assert 0.5 <= event["stars"] <= 5 and event["rated_by"]  # the star model's, and which candidate

@@ -221,7 +221,11 @@ class StarModel:
     validation rows older than it, and optionally blended with the LLM's stars."""
 
     def __init__(
-        self, ratings: list[Rating], min_validation: int = 30, min_blend: int = 8, scale: tuple[float, float] = SCALE
+        self,
+        ratings: list[Rating],
+        min_validation: int = 30,
+        min_blend: int = 8,
+        scale: tuple[float, float] = SCALE,
     ):
         self.history = h = History(ratings, scale)
         start, end = h.user.before(h.u, h.ts)

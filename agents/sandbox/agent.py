@@ -17,10 +17,16 @@ import math
 import numpy as np
 
 from agents.sandbox.decide import PROMPT_FEATURES
-from agents.sandbox.memory import Memory, Record
+from agents.sandbox.memory import Memory, Record, promote_due
 from agents.sandbox.profiles import Profile, aligned_profiles
 from data_prep.movielens import day, history_importance
-from data_prep.prompt import WATCH_INSTRUCTION, build_sandbox_messages, observation, page_observation, watched_line
+from data_prep.prompt import (
+    WATCH_INSTRUCTION,
+    build_sandbox_messages,
+    observation,
+    page_observation,
+    watched_line,
+)
 
 DAY = 86400
 
@@ -43,6 +49,26 @@ class Agent:
         """Its last n films with their stars, the run's watches after the real history."""
         rows = [(m, s) for m, s, _ in self.profile.history] + [(m, s) for m, s, _ in self.rated]
         return [(movies[m].title, s) for m, s in rows[-n:]]
+
+
+def remember(agents: list[Agent], model, now_round: int) -> bool:
+    """Every agent's waiting observations compressed in one batched call and stored in its memory, then
+    every record due for an insight promoted in one more (memory.promote_due). Returns whether any
+    observation was waiting."""
+    pending = [(agent, o) for agent in agents for o in agent.inbox]
+    if not pending:
+        return False
+    compressed = model.compress([o for _, o in pending])
+    for agent in agents:
+        agent.inbox = []
+    by_agent: dict[int, list] = {}
+    for (agent, _), item in zip(pending, compressed, strict=True):
+        by_agent.setdefault(id(agent), []).append(item)
+    for agent in agents:
+        if id(agent) in by_agent:
+            agent.memory.store(by_agent[id(agent)], now_round)
+    promote_due([agent.memory for agent in agents], now_round)
+    return True
 
 
 def rounds_before(ts: int, start: int, round_days: float) -> int:
@@ -72,10 +98,14 @@ def start_agents(profiles, levels, config, movies, embed, model, rng: np.random.
     return agents
 
 
-def agents_at(data, users: list[int], moments: list[int], config, embed, model, rng: np.random.Generator) -> list[Agent]:
+def agents_at(
+    data, users: list[int], moments: list[int], config, embed, model, rng: np.random.Generator
+) -> list[Agent]:
     """Data-aligned agents of these users, each at its own moment, built as the sandbox builds its agents
     (the sandbox's tests: each tested user at its cutoff). Activity plays no part here (1)."""
-    profiles = [aligned_profiles(data, [u], t, rng, config.features)[0] for u, t in zip(users, moments, strict=True)]
+    profiles = [
+        aligned_profiles(data, [u], t, rng, config.features)[0] for u, t in zip(users, moments, strict=True)
+    ]
     return start_agents(profiles, [1.0] * len(profiles), config, data.movies, embed, model, rng)
 
 
@@ -96,4 +126,6 @@ def watch_messages(
     """The choice of a film on a page: profile, the memories the page recalls, the page, the question."""
     seen = page_observation(now, listing)
     memories = agent.memory.context(seen, now_round)
-    return build_sandbox_messages(agent.profile.summary(PROMPT_FEATURES["watch"]), memories, instruction, seen)
+    return build_sandbox_messages(
+        agent.profile.summary(PROMPT_FEATURES["watch"]), memories, instruction, seen
+    )

@@ -15,9 +15,10 @@ greater than 1``. Overrides are ``section.field=value`` strings. No trl needed.
 from __future__ import annotations
 
 from dataclasses import asdict, field
+from datetime import date
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
 
 from agents.config import STRICT, ConfigError, load_yaml  # noqa: F401 (ConfigError: the error callers catch)
@@ -147,6 +148,12 @@ class SandboxConfig:
     recommender: RecommenderConfig = field(default_factory=RecommenderConfig)
     graph: GraphConfig = field(default_factory=GraphConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
+
+    @field_validator("start", mode="before")
+    @classmethod
+    def date_as_text(cls, value):
+        """YAML reads 2015-01-01 as a date: kept as its ISO text (configs stay plain JSON)."""
+        return value.isoformat() if isinstance(value, date) else value
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> SandboxConfig:

@@ -66,7 +66,9 @@ class Decider:
         self.neutral: dict[tuple[str, str], tuple[float, int]] = {}  # pmi: (instruction, option) -> score
         if config.decision.mode == "score" and not hasattr(backend, "score"):
             name = getattr(backend, "info", {}).get("backend", type(backend).__name__)
-            raise ValueError(f"decision.mode: score needs a backend that scores answers (hf); {name} has none")
+            raise ValueError(
+                f"decision.mode: score needs a backend that scores answers (hf); {name} has none"
+            )
 
     def plays(self, name: str) -> bool:
         return bool(self.human and self.human.plays(name))
@@ -90,7 +92,9 @@ class Decider:
             no_repeat_ngram_size=text.no_repeat_ngram_size,
         )
 
-    def ask(self, kind: str, names: list[str], prompts: list[list[dict]], constraint: Constraint) -> list[str]:
+    def ask(
+        self, kind: str, names: list[str], prompts: list[list[dict]], constraint: Constraint
+    ) -> list[str]:
         """One batched generate call for everyone at this step; a human-played agent answers itself."""
         answers = [""] * len(names)
         machine = [i for i, n in enumerate(names) if not self.plays(n)]
@@ -111,7 +115,12 @@ class Decider:
         count_tokens(self.backend, self.counts)
 
     def choose(
-        self, kind: str, names: list[str], prompts: list[list[dict]], options: list[str], features: list[list[str]]
+        self,
+        kind: str,
+        names: list[str],
+        prompts: list[list[dict]],
+        options: list[str],
+        features: list[list[str]],
     ) -> list[str | None]:
         """One of ``options`` per agent (None: an unusable answer, for the caller to count). Generate
         mode: a constrained choice (the features act through the prompt); score mode: scored, each
@@ -133,34 +142,49 @@ class Decider:
 
     def scores(self, kind: str, prompts: list[list[dict]], options: list[list[str]]) -> list[np.ndarray]:
         """Each option's score after its prompt (``decision.normalisation``), one batched call."""
-        return self.all_scores(kind, prompts, options)[self.config.decision.normalisation]
+        mode = self.config.decision.normalisation
+        return self.all_scores(kind, prompts, options, (mode,))[mode]
 
-    def all_scores(self, kind: str, prompts: list[list[dict]], options: list[list[str]]) -> dict[str, list[np.ndarray]]:
-        """Each option's score under every normalisation (sum, mean, pmi) from one batched call (a test
-        chooses the normalisation on validation users). The pmi prior of an option is its score after
-        the same instruction with nothing about the agent or the page, once per instruction (cached)."""
-        out: dict[str, list[np.ndarray]] = {"sum": [], "mean": [], "pmi": []}
+    def all_scores(
+        self, kind: str, prompts: list[list[dict]], options: list[list[str]], wanted=("sum", "mean", "pmi")
+    ) -> dict[str, list[np.ndarray]]:
+        """Each option's score under the ``wanted`` normalisations (sum, mean, pmi) from one batched call
+        (a test chooses the normalisation on validation users). The pmi prior of an option is its score
+        after the same instruction with nothing about the agent or the page, once per instruction
+        (cached)."""
+        out: dict[str, list[np.ndarray]] = {n: [] for n in wanted}
         if not prompts:
             return out
         with self.adapter(kind):
             raw = self.backend.score(prompts, options)
             self.counted(kind, len(prompts))
             instructions = [instruction_of(p) for p in prompts]
-            missing: dict[str, set[str]] = {}
-            for instruction, group in zip(instructions, options, strict=True):
-                missing.setdefault(instruction, set()).update(o for o in group if (instruction, o) not in self.neutral)
-            for instruction, todo in missing.items():
-                if todo:
-                    todo = sorted(todo)
-                    neutral = build_sandbox_messages("a person", [], instruction, "")
-                    for option, value in zip(todo, self.backend.score([neutral], [todo])[0], strict=True):
-                        self.neutral[(instruction, option)] = value
+            if "pmi" in wanted:
+                self.score_priors(instructions, options)
         for instruction, group, values in zip(instructions, options, raw, strict=True):
             total = np.array([v[0] for v in values])
-            out["sum"].append(total)
-            out["mean"].append(total / np.array([v[1] for v in values]))
-            out["pmi"].append(total - np.array([self.neutral[(instruction, o)][0] for o in group]))
+            if "sum" in wanted:
+                out["sum"].append(total)
+            if "mean" in wanted:
+                out["mean"].append(total / np.array([v[1] for v in values]))
+            if "pmi" in wanted:
+                out["pmi"].append(total - np.array([self.neutral[(instruction, o)][0] for o in group]))
         return out
+
+    def score_priors(self, instructions: list[str], options: list[list[str]]) -> None:
+        """Each option's score after its instruction alone (nothing about the agent or the page): the
+        prior pmi removes, scored once per (instruction, option) and cached."""
+        missing: dict[str, set[str]] = {}
+        for instruction, group in zip(instructions, options, strict=True):
+            missing.setdefault(instruction, set()).update(
+                o for o in group if (instruction, o) not in self.neutral
+            )
+        for instruction, todo in missing.items():
+            if todo:
+                todo = sorted(todo)
+                neutral = build_sandbox_messages("a person", [], instruction, "")
+                for option, value in zip(todo, self.backend.score([neutral], [todo])[0], strict=True):
+                    self.neutral[(instruction, option)] = value
 
     def draw(self, logits: np.ndarray) -> int:
         """The index drawn from softmax(logits / temperature) with the run's generator; the highest

@@ -89,7 +89,9 @@ class LLMMemoryModel:
 
     def _ask(self, prompts: list[str], constraint: Constraint, key: str) -> list[dict | None]:
         with self.around("memory"):
-            answers = self.backend.generate([[{"role": "user", "content": p}] for p in prompts], self.sampling, constraint)
+            answers = self.backend.generate(
+                [[{"role": "user", "content": p}] for p in prompts], self.sampling, constraint
+            )
         self.counts["llm_calls"] += len(prompts)
         count_tokens(self.backend, self.counts)
         out = []
@@ -164,7 +166,9 @@ class Memory:
         vectors = np.asarray(self.embed([r.key or r.text for r in records]), dtype=float)
         for record, vector in zip(records, vectors, strict=True):
             record.embedding = vector
-        cut = max(len(records) - self.config.short_term_capacity, 0) if self.config.short_term else len(records)
+        cut = (
+            max(len(records) - self.config.short_term_capacity, 0) if self.config.short_term else len(records)
+        )
         self.long.extend(records[:cut] if self.config.long_term else [])
         self.short.extend(records[cut:] if self.config.short_term else [])
         self.counts["seeded"] += len(records)
@@ -211,7 +215,9 @@ class Memory:
         not stored); otherwise it is stored, the oldest moving to long-term beyond the capacity."""
         if self.short:
             similarity = cosine(np.asarray(record.embedding), np.asarray([r.embedding for r in self.short]))
-            alike = [r for r, s in zip(self.short, similarity, strict=True) if s >= self.config.enhance_similarity]
+            alike = [
+                r for r, s in zip(self.short, similarity, strict=True) if s >= self.config.enhance_similarity
+            ]
             for target in alike:
                 target.enhanced += 1
                 target.enhancers.append(record.text)
@@ -233,7 +239,8 @@ class Memory:
         vectors = np.asarray(self.embed([text, *record.enhancers]), dtype=float)
         insight = Record(text, record.importance, now, now, vectors[0], kind="insight")
         enhancers = [
-            Record(t, record.importance, now, now, v) for t, v in zip(record.enhancers, vectors[1:], strict=True)
+            Record(t, record.importance, now, now, v)
+            for t, v in zip(record.enhancers, vectors[1:], strict=True)
         ]
         self.to_long([record, *enhancers, insight])
         self.counts["insights"] += 1
@@ -250,7 +257,9 @@ class Memory:
         vector = np.asarray(self.embed([observation]), dtype=float)[0]
         relevance = cosine(vector, np.asarray([r.embedding for r in self.long]))
         importance = [r.importance for r in self.long]
-        order = rank_memories(relevance, self.recency(self.long, now), importance, top or self.config.retrieve_top)
+        order = rank_memories(
+            relevance, self.recency(self.long, now), importance, top or self.config.retrieve_top
+        )
         chosen = [self.long[i] for i in order]
         for record in chosen:
             record.accessed = now
@@ -263,7 +272,9 @@ class Memory:
         # importance and recency are already in (0, 1]; the formula needs them strictly inside (0, 1)
         s = np.array([r.importance for r in self.long]).clip(1e-6, 1 - 1e-6)
         r = self.recency(self.long, now).clip(1e-6, 1 - 1e-6)
-        g = self.config.forget_scale * forget_probability(s, r, self.config.forget_beta, self.config.forget_delta)
+        g = self.config.forget_scale * forget_probability(
+            s, r, self.config.forget_beta, self.config.forget_delta
+        )
         keep = self.rng.random(len(self.long)) >= g
         forgotten = int((~keep).sum())
         self.long = [record for record, k in zip(self.long, keep, strict=True) if k]
@@ -316,7 +327,10 @@ class Memory:
         }
 
     def load_json(self, state: dict) -> None:
-        parts = {name: [Record(**{"embedding": None, **r}) for r in state.get(name, [])] for name in ("short", "long", "due")}
+        parts = {
+            name: [Record(**{"embedding": None, **r}) for r in state.get(name, [])]
+            for name in ("short", "long", "due")
+        }
         records = [r for part in parts.values() for r in part if r.embedding is None]
         if records:  # recomputed from the same texts (the encoder's cache makes a repeat free)
             vectors = np.asarray(self.embed([r.key or r.text for r in records]), dtype=float)

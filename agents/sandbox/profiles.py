@@ -28,7 +28,6 @@ mappings with the same keys (lists as lists).
 from __future__ import annotations
 
 import csv
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -62,7 +61,9 @@ class Profile:
     mean_stars: float | None = None
     history: list[list] = field(default_factory=list)  # [movie, stars, ts] before the start, oldest first
     start: int | None = None  # the moment the history ends (exclusive)
-    feature_sources: dict[str, str] = field(default_factory=dict)  # feature -> data | sampled | handcrafted | llm
+    feature_sources: dict[str, str] = field(
+        default_factory=dict
+    )  # feature -> data | sampled | handcrafted | llm
 
     def summary(self, features: tuple[str, ...] | None = None) -> str:
         """Who the agent is; ``features``: only those of its features that bear on the decision at hand
@@ -166,7 +167,9 @@ def check_unique(profiles: list[Profile], where: list[str]) -> None:
         seen_ids[profile.id], seen_names[profile.name] = place, place
 
 
-def movielens_profiles(data, n: int, start: int, rng: np.random.Generator, features, min_history: int = 1) -> list[Profile]:
+def movielens_profiles(
+    data, n: int, start: int, rng: np.random.Generator, features, min_history: int = 1
+) -> list[Profile]:
     """n MovieLens users with at least ``min_history`` ratings before ``start``, drawn with the run's
     generator, as aligned profiles at ``start`` (see aligned_profiles)."""
     users = sorted(u for u in data.by_user() if len(data.history(u, start)) >= max(min_history, 1))
@@ -179,7 +182,9 @@ def movielens_profiles(data, n: int, start: int, rng: np.random.Generator, featu
     return aligned_profiles(data, chosen, start, rng, features, min_history)
 
 
-def sample_features(known: list[str], estimated: set[str], rng: np.random.Generator, share: float) -> dict[str, str]:
+def sample_features(
+    known: list[str], estimated: set[str], rng: np.random.Generator, share: float
+) -> dict[str, str]:
     """Every feature the data did not settle (not in ``estimated``) drawn with probability ``share``;
     returns feature -> source, in the order of FEATURES."""
     out = {}
@@ -343,7 +348,8 @@ def written_by_llm(
 def to_yaml(profiles: list[Profile]) -> str:
     """Profiles as a handcrafted YAML file (``profiles:`` in a config reads it back)."""
     rows = [
-        {key: getattr(p, key) for key in (*REQUIRED, "features")} | ({"user": p.user} if p.user is not None else {})
+        {key: getattr(p, key) for key in (*REQUIRED, "features")}
+        | ({"user": p.user} if p.user is not None else {})
         for p in profiles
     ]
     return yaml.safe_dump(rows, sort_keys=False, allow_unicode=True)

@@ -36,10 +36,16 @@ def user_key(agent) -> str:
     return str(agent.profile.user) if agent.profile.user is not None else f"agent:{agent.profile.id}"
 
 
-def llm_stars(decider, agents, items: list[int], movies: dict, moments: list[int], rounds: list[int]) -> list[float | None]:
+def llm_stars(
+    decider, agents, items: list[int], movies: dict, moments: list[int], rounds: list[int]
+) -> list[float | None]:
     """The LLM's stars for each (agent, film), one batched choice; None where the answer is unusable."""
-    prompts = [rate_messages(a, movies[m], t, r) for a, m, t, r in zip(agents, items, moments, rounds, strict=True)]
-    chosen = decider.choose("rate", [a.profile.name for a in agents], prompts, STARS, [a.profile.features for a in agents])
+    prompts = [
+        rate_messages(a, movies[m], t, r) for a, m, t, r in zip(agents, items, moments, rounds, strict=True)
+    ]
+    chosen = decider.choose(
+        "rate", [a.profile.name for a in agents], prompts, STARS, [a.profile.features for a in agents]
+    )
     return [float(c) if c is not None else None for c in chosen]
 
 
@@ -49,26 +55,41 @@ class Rater:
         self.model, self.decider, self.config, self.movies = star_model(past), decider, config, movies
         self.counts = {"llm_asked": 0, "llm_unusable": 0}
 
-    def validate(self, data, start: int, embed, memory_model, rng: np.random.Generator) -> None:
-        """Ask the LLM for the ``stars.llm_validation`` most recent validation ratings before the start,
-        each as its user's agent at that moment; the blends then compete (stars.py)."""
-        rows = [r for r in self.model.validation if r[3] < start][-self.config.stars.llm_validation :]
+    def validate(self, rows, data, embed, memory_model, rng: np.random.Generator) -> None:
+        """Ask the LLM for these validation ratings (the star model's rows: id, user, film, moment,
+        stars), each as its user's agent at that moment; the blends then compete (stars.py)."""
         if not rows:
             return
-        agents = agents_at(data, [int(r[1]) for r in rows], [r[3] for r in rows], self.config, embed, memory_model, rng)
-        answers = llm_stars(self.decider, agents, [int(r[2]) for r in rows], self.movies, [r[3] for r in rows], [0] * len(rows))
+        agents = agents_at(
+            data, [int(r[1]) for r in rows], [r[3] for r in rows], self.config, embed, memory_model, rng
+        )
+        answers = llm_stars(
+            self.decider,
+            agents,
+            [int(r[2]) for r in rows],
+            self.movies,
+            [r[3] for r in rows],
+            [0] * len(rows),
+        )
         self.counts["llm_validation_unusable"] = sum(a is None for a in answers)
         self.model.set_llm_validation({r[0]: a for r, a in zip(rows, answers, strict=True) if a is not None})
 
-    def blends(self, now: int) -> bool:
-        """Whether the blend rule uses the LLM's stars at this moment."""
-        return self.model.blend is not None and self.model.blend.choose(np.array([now]))[0] != "model"
+    def blends(self, moments: list[int]) -> bool:
+        """Whether the blend rule uses the LLM's stars at any of these moments."""
+        return self.model.blend is not None and any(
+            c != "model" for c in self.model.blend.choose(np.array(moments))
+        )
 
-    def rate(self, agents, items: list[int], now: int, now_round: int) -> tuple[list[float], list[str]]:
-        """Stars for each (agent, film) watched now, and what gave them."""
+    def rate(
+        self, agents, items: list[int], moments: list[int], rounds: list[int]
+    ) -> tuple[list[float], list[str]]:
+        """Stars for each (agent, film) as of its moment (the star model sees only older ratings), and
+        what gave them."""
         answers = None
-        if self.blends(now):
-            answers = llm_stars(self.decider, agents, items, self.movies, [now] * len(agents), [now_round] * len(agents))
+        if self.blends(moments):
+            answers = llm_stars(self.decider, agents, items, self.movies, moments, rounds)
             self.counts["llm_asked"] += len(answers)
             self.counts["llm_unusable"] += sum(a is None for a in answers)
-        return self.model.predict([user_key(a) for a in agents], [str(m) for m in items], [now] * len(agents), answers)
+        return self.model.predict(
+            [user_key(a) for a in agents], [str(m) for m in items], list(moments), answers
+        )

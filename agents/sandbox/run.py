@@ -72,9 +72,18 @@ def make_profiles(config, data, start: int, rng: np.random.Generator) -> list:
     users = set(data.by_user())
     for hand in handcrafted:
         if hand.user is not None and hand.user not in users:
-            raise ProfileError(f"{config.profiles}: profile {hand.name!r} names MovieLens user {hand.user}, not in {config.data}")
+            raise ProfileError(
+                f"{config.profiles}: profile {hand.name!r} names MovieLens user {hand.user}, not in {config.data}"
+            )
     key = {h.id: h.user if h.user is not None else h.id for h in handcrafted}
-    aligned = aligned_profiles(data, sorted(key[h.id] for h in handcrafted if key[h.id] in users), start, rng, config.features, config.min_history)
+    aligned = aligned_profiles(
+        data,
+        sorted(key[h.id] for h in handcrafted if key[h.id] in users),
+        start,
+        rng,
+        config.features,
+        config.min_history,
+    )
     return combine(aligned, handcrafted) + [h for h in handcrafted if key[h.id] not in users]
 
 
@@ -256,7 +265,9 @@ def finish(out: Path, world: World, config) -> dict:
     fig.savefig(out / "stats.png", dpi=110)
     plt.close(fig)
     sampling = world.decider.sampling()
-    asked = [c for c in ("repetition_penalty", "no_repeat_ngram_size") if getattr(sampling, c) not in (1.0, 0)]
+    asked = [
+        c for c in ("repetition_penalty", "no_repeat_ngram_size") if getattr(sampling, c) not in (1.0, 0)
+    ]
     controls = getattr(world.backend, "decoding_controls", ())
     summary = {
         "rounds": world.round,
@@ -268,12 +279,17 @@ def finish(out: Path, world: World, config) -> dict:
         "totals": {k: sum(r[k] for r in rows) for k in ("watches", "chats", "posts")},
         "features": {
             "agents_with": dict(Counter(f for a in world.agents.values() for f in a.profile.features)),
-            "sources": dict(Counter(s for a in world.agents.values() for s in a.profile.feature_sources.values())),
+            "sources": dict(
+                Counter(s for a in world.agents.values() for s in a.profile.feature_sources.values())
+            ),
         },
         "activity_fit": world.activity_fit,
         "stars": {"model_report": world.rater.model.report, **world.rater.counts},
         "decision": as_dict(config)["decision"],
-        "decoding_controls": {"applied": [c for c in asked if c in controls], "not_available": [c for c in asked if c not in controls]},
+        "decoding_controls": {
+            "applied": [c for c in asked if c in controls],
+            "not_available": [c for c in asked if c not in controls],
+        },
         "messages_by": config.text.messages,
         "chat_mode": config.chat,
         "config": as_dict(config),

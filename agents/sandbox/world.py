@@ -38,9 +38,9 @@ import numpy as np
 
 from agents.llm import Constraint
 from agents.retrieval import BM25, top_indices
-from agents.sandbox.agent import DAY, Agent, start_agents, watch_messages
+from agents.sandbox.agent import DAY, Agent, remember, start_agents, watch_messages
 from agents.sandbox.decide import PROMPT_FEATURES, Decider
-from agents.sandbox.memory import LLMMemoryModel, Memory, promote_due, reflect_all
+from agents.sandbox.memory import LLMMemoryModel, Memory, reflect_all
 from agents.sandbox.profiles import Profile
 from agents.sandbox.rating import Rater
 from agents.sandbox.recommender import Feed
@@ -103,13 +103,25 @@ def parse_json(text: str) -> dict | None:
 
 
 def verdict(stars: float) -> str:
-    return "loved it" if stars >= 4.5 else "liked it" if stars >= 3.5 else "it was all right" if stars >= 2.5 else "not for me"
+    return (
+        "loved it"
+        if stars >= 4.5
+        else "liked it"
+        if stars >= 3.5
+        else "it was all right"
+        if stars >= 2.5
+        else "not for me"
+    )
 
 
 def template_message(kind: str, films: list[tuple[str, float]]) -> str:
     """A chat line or a post that states the speaker's latest film and its stars (text.messages: template)."""
     if not films:
-        return "I have not watched anything lately. What about you?" if kind != "post" else "Nothing watched lately."
+        return (
+            "I have not watched anything lately. What about you?"
+            if kind != "post"
+            else "Nothing watched lately."
+        )
     title, stars = films[-1]
     if kind == "post":
         return f"Just watched {title}: {stars:g} out of 5, {verdict(stars)}."
@@ -125,13 +137,28 @@ def films_line(films: list[tuple[str, float]]) -> str:
 
 class World:
     def __init__(
-        self, config, profiles: list[Profile], data, backend, embed, graph, rng: np.random.Generator, human=None, fresh: bool = True
+        self,
+        config,
+        profiles: list[Profile],
+        data,
+        backend,
+        embed,
+        graph,
+        rng: np.random.Generator,
+        human=None,
+        fresh: bool = True,
     ):
         """config: SandboxConfig; data: the MovieLens data (data_prep.movielens); backend: a shared LLM
         backend (agents/llm.py); embed: texts -> unit vectors; graph: {name: set of names}; human: an
         optional player standing in for one agent's decisions; fresh: False for a world a checkpoint
         will restore (its agents are not started: no seeding, no reflection, no LLM call)."""
-        self.config, self.movies, self.backend, self.embed, self.graph = config, data.movies, backend, embed, graph
+        self.config, self.movies, self.backend, self.embed, self.graph = (
+            config,
+            data.movies,
+            backend,
+            embed,
+            graph,
+        )
         self.rng = rng
         self.start = parse_moment(config.start, data)
         self.counts: Counter = Counter()
@@ -150,10 +177,15 @@ class World:
         agents = start_agents(profiles, levels, config, self.movies, embed, self.model, rng) if fresh else []
         self.agents = {a.profile.name: a for a in agents}
         users = {p.user for p in profiles}
-        self.history = [(r.user, r.movie) for r in past if config.recommender.train_on == "all" or r.user in users]
+        self.history = [
+            (r.user, r.movie) for r in past if config.recommender.train_on == "all" or r.user in users
+        ]
         self.rater = Rater(past, self.decider, config, self.movies)
-        if fresh and config.stars.llm_validation:
-            self.rater.validate(data, self.start, embed, self.model, rng)
+        if fresh and config.stars.llm_validation:  # the most recent validation ratings before the start
+            rows = [r for r in self.rater.model.validation if r[3] < self.start][
+                -config.stars.llm_validation :
+            ]
+            self.rater.validate(rows, data, embed, self.model, rng)
         self.feed = Feed(config.recommender, list(self.movies), rng)
         self.fitted_on: list[tuple[int, int]] = []  # the simulated clicks of the last retraining
         self.feed.train(self.history)
@@ -168,7 +200,10 @@ class World:
         if activity.from_data and aligned:
             counts = Counter(r.user for r in data.ratings if r.ts < self.start)
             fitted, mapped = levels_from_counts(
-                [len(profiles[k].history) for k in aligned], list(counts.values()), activity.pareto_alpha, activity.pareto_xmin
+                [len(profiles[k].history) for k in aligned],
+                list(counts.values()),
+                activity.pareto_alpha,
+                activity.pareto_xmin,
             )
             levels[aligned] = mapped
             self.activity_fit = fitted
@@ -189,14 +224,22 @@ class World:
         observation, the instruction."""
         seen = observation(self.now, what)
         memories = agent.memory.context(seen, self.round)
-        return build_sandbox_messages(agent.profile.summary(PROMPT_FEATURES[decision]), memories, instruction, seen)
+        return build_sandbox_messages(
+            agent.profile.summary(PROMPT_FEATURES[decision]), memories, instruction, seen
+        )
 
     def listing(self, page: list[int]) -> str:
-        counts = {m: (self.site[m], self.site_stars[m] / self.site[m] if self.site[m] else None) for m in page}
+        counts = {
+            m: (self.site[m], self.site_stars[m] / self.site[m] if self.site[m] else None) for m in page
+        }
         return page_lines(page, self.movies, counts, self.start)
 
-    def log(self, events: list, agent: str, action: str, item: int | None = None, text: str = "", **extra) -> None:
-        events.append({"round": self.round, "agent": agent, "action": action, "item": item, "text": text, **extra})
+    def log(
+        self, events: list, agent: str, action: str, item: int | None = None, text: str = "", **extra
+    ) -> None:
+        events.append(
+            {"round": self.round, "agent": agent, "action": action, "item": item, "text": text, **extra}
+        )
 
     def features(self, agents: list[Agent]) -> list[list[str]]:
         return [a.profile.features for a in agents]
@@ -219,9 +262,16 @@ class World:
             order = [PLACES[i] for i in self.rng.permutation(len(PLACES))]
             listing = "\n".join(f"{p}: {PLACE_TEXT[p]}" for p in order)
             prompts.append(
-                self.prompt(agent, "place", f"What do you do now? Answer with one word:\n{listing}", "You have some free time.")
+                self.prompt(
+                    agent,
+                    "place",
+                    f"What do you do now? Answer with one word:\n{listing}",
+                    "You have some free time.",
+                )
             )
-        choices = self.decider.choose("place", [a.profile.name for a in active], prompts, PLACES, self.features(active))
+        choices = self.decider.choose(
+            "place", [a.profile.name for a in active], prompts, PLACES, self.features(active)
+        )
         browsing, social = [], []
         for agent, choice in zip(active, choices, strict=True):
             if choice is None:
@@ -260,7 +310,12 @@ class World:
                 moves = self.page_step_scored(visiting, pages)
             else:
                 moves = self.page_step_generated(visiting, pages)
-            watching = [(agent, item, feeling) for agent, (action, items, feeling) in zip(visiting, moves, strict=True) if action == "watch" for item in items]
+            watching = [
+                (agent, item, feeling)
+                for agent, (action, items, feeling) in zip(visiting, moves, strict=True)
+                if action == "watch"
+                for item in items
+            ]
             self.watch(watching, events)
             searching = [(a, m[1]) for a, m in zip(visiting, moves, strict=True) if m[0] == "search"]
             still = []
@@ -272,7 +327,9 @@ class World:
                 if action != "next":
                     continue  # a visit ends with watching; a search is served below
                 seen[name] |= set(pages[name])
-                pages[name], _ = self.feed.page(self.rec_id(agent), agent.seen() | seen[name])  # nothing shown twice
+                pages[name], _ = self.feed.page(
+                    self.rec_id(agent), agent.seen() | seen[name]
+                )  # nothing shown twice
                 shown.extend(pages[name])
                 self.log(events, name, "next", items=pages[name])
                 still.append(agent)
@@ -298,7 +355,10 @@ class World:
             for agent in visiting
         ]
         answers = self.decider.ask(
-            "recommender", [a.profile.name for a in visiting], prompts, step_schema(self.config.recommender.page_size)
+            "recommender",
+            [a.profile.name for a in visiting],
+            prompts,
+            step_schema(self.config.recommender.page_size),
         )
         moves = []
         for agent, text in zip(visiting, answers, strict=True):
@@ -306,7 +366,9 @@ class World:
             value = parse_json(text)
             action = value.get("action") if value else None
             numbers = value.get("items", []) if value else []
-            valid = isinstance(numbers, list) and all(isinstance(k, int) and 1 <= k <= len(page) for k in numbers)
+            valid = isinstance(numbers, list) and all(
+                isinstance(k, int) and 1 <= k <= len(page) for k in numbers
+            )
             query = str(value.get("query") or "").strip() if value else ""
             if action not in PAGE_ACTIONS or (action == "watch" and (not numbers or not valid)):
                 self.counts["fallback:recommender"] += 1
@@ -315,7 +377,9 @@ class World:
                 self.counts["fallback:empty_search"] += 1
                 moves.append(("fallback", [], text))
             elif action == "watch":
-                moves.append(("watch", [page[k - 1] for k in dict.fromkeys(numbers)], str(value.get("feeling") or "")))
+                moves.append(
+                    ("watch", [page[k - 1] for k in dict.fromkeys(numbers)], str(value.get("feeling") or ""))
+                )
             else:
                 moves.append((action, query, ""))
         return moves
@@ -326,13 +390,22 @@ class World:
         listing = {a.profile.name: self.listing(pages[a.profile.name]) for a in visiting}
         options = "\n".join(f"{a}: {PAGE_TEXT[a]}" for a in PAGE_ACTIONS)
         prompts = [
-            self.prompt(a, "page", f"What do you do? Answer with one word:\n{options}", f"The recommender shows:\n{listing[a.profile.name]}")
+            self.prompt(
+                a,
+                "page",
+                f"What do you do? Answer with one word:\n{options}",
+                f"The recommender shows:\n{listing[a.profile.name]}",
+            )
             for a in visiting
         ]
         actions = self.decider.choose("page", names, prompts, PAGE_ACTIONS, self.features(visiting))
         moves: list[tuple] = [None] * len(visiting)
         watchers = [k for k, act in enumerate(actions) if act == "watch"]
-        for k, item in zip(watchers, self.pick([visiting[k] for k in watchers], [pages[names[k]] for k in watchers]), strict=True):
+        for k, item in zip(
+            watchers,
+            self.pick([visiting[k] for k in watchers], [pages[names[k]] for k in watchers]),
+            strict=True,
+        ):
             moves[k] = ("watch", [item], "") if item is not None else ("fallback", [], "")
         searchers = [k for k, act in enumerate(actions) if act == "search"]
         if searchers:
@@ -357,11 +430,16 @@ class World:
 
     def pick(self, agents: list[Agent], pages: list[list[int]]) -> list[int | None]:
         """Score mode: the film each agent watches from its page, by score (the adapter's decision)."""
-        prompts = [watch_messages(a, self.listing(p), self.now, self.round) for a, p in zip(agents, pages, strict=True)]
+        prompts = [
+            watch_messages(a, self.listing(p), self.now, self.round)
+            for a, p in zip(agents, pages, strict=True)
+        ]
         out: list[int | None] = [None] * len(agents)
         machine = [k for k, a in enumerate(agents) if not self.decider.plays(a.profile.name)]
         titles = [[self.movies[m].title for m in pages[k]] for k in machine]
-        for k, scores in zip(machine, self.decider.scores("watch", [prompts[k] for k in machine], titles), strict=True):
+        for k, scores in zip(
+            machine, self.decider.scores("watch", [prompts[k] for k in machine], titles), strict=True
+        ):
             out[k] = pages[k][self.decider.draw(scores)]
         for k, agent in enumerate(agents):
             if self.decider.plays(agent.profile.name):
@@ -375,7 +453,10 @@ class World:
         the site's counts; the experience becomes an observation."""
         if not watching:
             return
-        stars, sources = self.rater.rate([a for a, _, _ in watching], [m for _, m, _ in watching], self.now, self.round)
+        n = len(watching)
+        stars, sources = self.rater.rate(
+            [a for a, _, _ in watching], [m for _, m, _ in watching], [self.now] * n, [self.round] * n
+        )
         for (agent, item, feeling), value, source in zip(watching, stars, sources, strict=True):
             agent.rated.append([item, value, self.round])
             self.site[item] += 1
@@ -437,7 +518,11 @@ class World:
             value = parse_json(text)
             mine = contacts[agent.profile.name]
             ok = value and value.get("action") in ("chat", "post") and str(value.get("text") or "").strip()
-            if ok and value["action"] == "chat" and not (isinstance(value.get("contact"), int) and 1 <= value["contact"] <= len(mine)):
+            if (
+                ok
+                and value["action"] == "chat"
+                and not (isinstance(value.get("contact"), int) and 1 <= value["contact"] <= len(mine))
+            ):
                 ok = False
             if not ok:
                 self.counts["fallback:social"] += 1
@@ -454,7 +539,12 @@ class World:
         choice, the words from the LLM or the template."""
         names = [a.profile.name for a in agents]
         prompts = [
-            self.prompt(a, "social", "Do you chat with one contact or post to all of them? Answer chat or post.", self.social_context(a, contacts[a.profile.name]))
+            self.prompt(
+                a,
+                "social",
+                "Do you chat with one contact or post to all of them? Answer chat or post.",
+                self.social_context(a, contacts[a.profile.name]),
+            )
             for a in agents
         ]
         actions = self.decider.choose("social", names, prompts, ["chat", "post"], self.features(agents))
@@ -462,8 +552,14 @@ class World:
         chatting = [(a, p) for a, p, act in zip(agents, prompts, actions, strict=True) if act == "chat"]
         partners = []
         for agent, prompt in chatting:  # each its own contacts: one call per chatting agent's options
-            partners += self.decider.choose("contact", [agent.profile.name], [prompt], contacts[agent.profile.name], [[]])
-        openings = self.words("open", [a for a, _ in chatting], [f"Write your opening line to {p} about a film you watched." for p in partners])
+            partners += self.decider.choose(
+                "contact", [agent.profile.name], [prompt], contacts[agent.profile.name], [[]]
+            )
+        openings = self.words(
+            "open",
+            [a for a, _ in chatting],
+            [f"Write your opening line to {p} about a film you watched." for p in partners],
+        )
         for (agent, _), partner, opening in zip(chatting, partners, openings, strict=True):
             if partner is None or opening is None:
                 self.counts["fallback:social"] += 1
@@ -471,7 +567,15 @@ class World:
                 continue
             chats.append((agent, self.agents[partner], opening))
         posting = [a for a, act in zip(agents, actions, strict=True) if act == "post"]
-        for agent, text in zip(posting, self.words("post", posting, ["Write a short post for all your friends about a film you watched."] * len(posting)), strict=True):
+        for agent, text in zip(
+            posting,
+            self.words(
+                "post",
+                posting,
+                ["Write a short post for all your friends about a film you watched."] * len(posting),
+            ),
+            strict=True,
+        ):
             if text is None:
                 self.counts["fallback:social"] += 1
                 self.log(events, agent.profile.name, "nothing", fallback=True)
@@ -483,7 +587,9 @@ class World:
                 self.log(events, agent.profile.name, "nothing", fallback=True)
         return chats, posts
 
-    def words(self, kind: str, agents: list[Agent], instructions: list[str], context: list[str] | None = None) -> list[str | None]:
+    def words(
+        self, kind: str, agents: list[Agent], instructions: list[str], context: list[str] | None = None
+    ) -> list[str | None]:
         """Messages: the template's (text.messages: template) or the LLM's (None when unusable)."""
         if not agents:
             return []
@@ -492,7 +598,12 @@ class World:
             return [template_message(kind, a.recent(self.movies)) for a in agents]
         decision = "post" if kind == "post" else "chat"
         prompts = [
-            self.prompt(a, decision, instruction, "\n".join(filter(None, [context[k] if context else "", films_line(a.recent(self.movies))])))
+            self.prompt(
+                a,
+                decision,
+                instruction,
+                "\n".join(filter(None, [context[k] if context else "", films_line(a.recent(self.movies))])),
+            )
             for k, (a, instruction) in enumerate(zip(agents, instructions, strict=True))
         ]
         out = []
@@ -542,30 +653,32 @@ class World:
                     dialogue.append((me.profile.name, text))
         for (a, b, _), dialogue in zip(chats, dialogues, strict=True):
             text = "\n".join(f"{who}: {said}" for who, said in dialogue)
-            self.log(events, a.profile.name, "chat", text=text, partner=b.profile.name, mode=self.config.chat, messages=[s for _, s in dialogue])
+            self.log(
+                events,
+                a.profile.name,
+                "chat",
+                text=text,
+                partner=b.profile.name,
+                mode=self.config.chat,
+                messages=[s for _, s in dialogue],
+            )
             for me, other in ((a, b), (b, a)):
                 me.inbox.append(f"I chatted with {other.profile.name}:\n{text}")
 
     # -- memory ------------------------------------------------------------------------------------------------
     def remember(self) -> None:
         """Every agent's observations of the round, compressed in one batched call, then stored."""
-        pending = [(agent, o) for agent in self.agents.values() for o in agent.inbox]
-        if not pending:
-            return
-        compressed = self.model.compress([o for _, o in pending])
-        self.counts["llm_batches"] += 1
-        for agent in self.agents.values():
-            agent.inbox = []
-        by_agent: dict[str, list] = {}
-        for (agent, _), item in zip(pending, compressed, strict=True):
-            by_agent.setdefault(agent.profile.name, []).append(item)
-        for name, items in by_agent.items():
-            self.agents[name].memory.store(items, self.round)
-        promote_due([agent.memory for agent in self.agents.values()], self.round)  # one batched call
+        if remember(list(self.agents.values()), self.model, self.round):
+            self.counts["llm_batches"] += 1
 
     def interview(self, name: str, question: str) -> str:
         agent = self.agents[name]
-        prompt = self.prompt(agent, "interview", f"Answer the interviewer: {question}", f"An interviewer asks you a question.\n{films_line(agent.recent(self.movies))}")
+        prompt = self.prompt(
+            agent,
+            "interview",
+            f"Answer the interviewer: {question}",
+            f"An interviewer asks you a question.\n{films_line(agent.recent(self.movies))}",
+        )
         value = parse_json(self.decider.ask("interview", [name], [prompt], SAY)[0])
         return str(value["say"]) if value and value.get("say") else "(no usable answer)"
 
@@ -577,7 +690,9 @@ class World:
         genres = Counter(g for i in shown for g in self.movies[i].genres)
         total = sum(genres.values())
         # None when nothing was shown: no exposure to measure
-        entropy = round(float(-sum(c / total * np.log2(c / total) for c in genres.values())), 4) if total else None
+        entropy = (
+            round(float(-sum(c / total * np.log2(c / total) for c in genres.values())), 4) if total else None
+        )
         actions = Counter(e["action"] for e in events)
         messages = [m for e in events if e["action"] == "chat" for m in e["messages"]]
         messages += [e["text"] for e in events if e["action"] == "post"]
@@ -594,7 +709,9 @@ class World:
             "exposure_genre_entropy": entropy,
             "messages": len(messages),
             "messages_distinct_2": round(distinct(tokenised, 2), 4) if messages else None,
-            "messages_repeating_4gram": round(sum(map(repeats_ngram, tokenised)) / len(messages), 4) if messages else None,
+            "messages_repeating_4gram": round(sum(map(repeats_ngram, tokenised)) / len(messages), 4)
+            if messages
+            else None,
             "messages_by": self.config.text.messages,
         }
 
@@ -609,7 +726,12 @@ class World:
             "graph": {k: sorted(v) for k, v in self.graph.items()},
             "feed": {"fitted_on": self.fitted_on, "seed": getattr(self.feed.recommender, "seed", None)},
             "agents": [
-                {"profile": asdict(a.profile), "activity": a.activity, "rated": a.rated, "memory": a.memory.to_json()}
+                {
+                    "profile": asdict(a.profile),
+                    "activity": a.activity,
+                    "rated": a.rated,
+                    "memory": a.memory.to_json(),
+                }
                 for a in self.agents.values()
             ],
         }
@@ -624,7 +746,9 @@ class World:
         self.agents = {}
         for entry in state["agents"]:
             profile = Profile(**entry["profile"])
-            agent = Agent(profile, Memory(self.config.memory, self.embed, self.model, self.rng), entry["activity"])
+            agent = Agent(
+                profile, Memory(self.config.memory, self.embed, self.model, self.rng), entry["activity"]
+            )
             agent.rated = [list(r) for r in entry["rated"]]
             agent.memory.load_json(entry["memory"])
             self.agents[profile.name] = agent

@@ -1,0 +1,345 @@
+"""The RecAgent paper's generation test, run through the simulator: from a user's cutoff, does the agent
+watch, page after page, what the user really watched next?
+
+For each tested user (eval.sandbox_cases: the same users as eval.discrimination and eval.alignment):
+the cutoff is their ``steps``-th last rating (ties by movie id), and their real next ``steps`` films are
+the truth. The configured recommender (``recommender.kind``, ``page_size``, ``rec_random_k``), trained
+on every rating older than the cutoff, shows ``steps`` pages one after another, as a visit's "next
+page" does: each page the next films of its ranking for the user that were not shown before, with
+``rec_random_k`` random unseen films injected; the user's films before the cutoff are never shown. The
+pages are the same for every method, and each method watches one film per page:
+
+- ``random``; ``popularity`` (the most rated before the cutoff); ``mf`` (the highest ALS score at the
+  cutoff: the recommender's own choice);
+- the simulator's agents (score mode): each user's agent built at the cutoff, as the sandbox builds
+  it, choosing by score (greedy), rating the film (the star model as of the cutoff), and remembering it
+  as a sandbox round does (the LLM compresses the observation, records are enhanced and promoted);
+  each page is a round, and every ``memory.reflect_every`` rounds the memory forgets and reflects.
+  ``agent-score`` runs on the base model, ``tuned`` with ``--adapter``, and the memory ablations (no
+  short-term, no long-term, no reflection) on the tuned agent (the scoring agent without an adapter).
+
+Per user: hits = |watched & real next|, recall = hits / steps, hit = hits > 0; reported with 95% BCa
+intervals over users, beside the ceiling (the share of the real next films that any page showed).
+Paired claims: the tuned agent (else the scoring agent) against popularity and MF on recall,
+Bonferroni-corrected. A page's counts and tags are those of the cutoff (a later moment would show the
+user's own future ratings). The score normalisation is the config's (``decision.normalisation``: pass
+the one eval.discrimination chose on its validation users with ``--set``).
+
+    python -m eval.generation --config configs/sandbox/movielens.yaml --out runs/generation --users 100 \\
+        --after 2010-01-01 [--adapter runs/sandbox/sft/choice] [--set decision.normalisation=sum]
+
+Writes OUT/results.json, OUT/table.md and OUT/methods/ (each method as it finishes: a rerun resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from eval.metrics import bca_interval
+from eval.sandbox_cases import (
+    HORIZON,
+    AgentRow,
+    Results,
+    adapter_context,
+    check_adapter,
+    data_digest,
+    draw_users,
+    variants,
+)
+
+BASELINES = ("random", "popularity", "mf")
+DAY = 86400
+
+
+def make_cases(data, users: list[int], steps: int) -> list[dict]:
+    by_user = data.by_user()
+    cases = []
+    for user in users:
+        ratings = by_user[user]
+        cutoff = ratings[-steps].ts
+        cases.append({"user": user, "cutoff": cutoff, "next": [r.movie for r in ratings[-steps:]]})
+    return cases
+
+
+def make_pages(data, cases: list[dict], config, steps: int, seed: int) -> None:
+    """Each case's pages (case["pages"]) and MF scores at the cutoff (case["mf"]: film -> score)."""
+    from agents.sandbox.recommender import Feed, MFRecommender
+
+    items = list(data.movies)
+    fits: dict[int, tuple] = {}
+    for case in tqdm(cases, desc="pages (a recommender per cutoff)", leave=False):
+        rng = np.random.default_rng([seed, case["user"]])
+        if case["cutoff"] not in fits:
+            clicks = [(r.user, r.movie) for r in data.ratings if r.ts < case["cutoff"]]
+            feed = Feed(config.recommender, items, rng)
+            feed.train(clicks)
+            mf = feed.recommender
+            if not isinstance(mf, MFRecommender):
+                mf = MFRecommender(items, rng, config.recommender)
+                mf.fit(clicks)
+            fits[case["cutoff"]] = (feed, mf)
+        feed, mf = fits[case["cutoff"]]
+        feed.rng = rng  # the injected films: drawn per user from the seed
+        seen = {r.movie for r in data.history(case["user"], case["cutoff"])}
+        pages = []
+        for _ in range(steps):
+            page, _ = feed.page(case["user"], seen | {m for p in pages for m in p})
+            pages.append(page)
+        case["pages"] = pages
+        scores = mf.scores(case["user"])
+        case["mf"] = (
+            {m: float(scores[mf.item_index[m]]) for p in pages for m in p} if scores is not None else None
+        )
+
+
+def walk_random(cases, rng, **_) -> list[list[int]]:
+    return [[p[int(rng.integers(len(p)))] for p in c["pages"]] for c in cases]
+
+
+def walk_popularity(cases, data, **_) -> list[list[int]]:
+    popularity = data.popularity()
+    return [[min(p, key=lambda m: (-popularity.count(m, c["cutoff"]), m)) for p in c["pages"]] for c in cases]
+
+
+def walk_mf(cases, data, **_) -> list[list[int]]:
+    out = []
+    for case in cases:
+        if case["mf"] is None:  # no rating before the cutoff: popularity
+            out += walk_popularity([case], data)
+            continue
+        out.append([max(p, key=lambda m: (case["mf"][m], -m)) for p in case["pages"]])
+    return out
+
+
+WALKS = {"random": walk_random, "popularity": walk_popularity, "mf": walk_mf}
+
+
+def walk_agent(row: AgentRow, cases: list[dict], steps: int) -> list[list[int]]:
+    """The simulator's agents page by page: choose by score, rate, remember; forget and reflect every
+    ``reflect_every`` rounds."""
+    from agents.sandbox.agent import remember
+    from agents.sandbox.memory import reflect_all
+    from agents.sandbox.rating import Rater
+    from data_prep.movielens import day
+    from data_prep.prompt import watched_line
+
+    agents = row.agents(cases)
+    rater = Rater(row.data.ratings, row.decider, row.config, row.data.movies)  # predictions as of each cutoff
+    norm = row.config.decision.normalisation
+    cutoffs = [c["cutoff"] for c in cases]
+    watched: list[list[int]] = [[] for _ in cases]
+    with adapter_context(row.backend, row.uses_adapter):
+        for step in tqdm(range(steps), desc=f"{row.name}: pages", leave=False):
+            clocks = [int(t + step * row.config.round_days * DAY) for t in cutoffs]
+            pages = [c["pages"][step] for c in cases]
+            scores = row.scores(agents, pages, cutoffs, clocks, [step] * len(cases), (norm,))[norm]
+            picks = [
+                page[row.decider.draw(s)] for page, s in zip(pages, scores, strict=True)
+            ]  # greedy: temperature 0
+            stars, _ = rater.rate(agents, picks, cutoffs, [step] * len(cases))
+            for agent, pick, value, clock, mine in zip(agents, picks, stars, clocks, watched, strict=True):
+                mine.append(pick)
+                agent.rated.append([pick, value, step])
+                agent.inbox.append(watched_line(row.data.movies[pick].text(), value, day(clock)))
+            remember(agents, row.model, step)
+            if (step + 1) % row.config.memory.reflect_every == 0:
+                memories = [a.memory for a in agents]
+                for memory in memories:
+                    memory.forget(step)
+                reflect_all(memories, step)
+    row.counts.update(
+        {f"memory:{k}": v for k, v in sum((Counter(a.memory.counts) for a in agents), Counter()).items()}
+    )
+    row.counts.update({f"rating:{k}": v for k, v in rater.counts.items()})
+    return watched
+
+
+def score(cases: list[dict], walks: list[list[int]], steps: int) -> dict:
+    hits = np.array([len(set(w) & set(c["next"])) for c, w in zip(cases, walks, strict=True)], dtype=float)
+    out = {"users": len(cases), "recall_per_user": (hits / steps).tolist()}
+    for name, values in (("recall", hits / steps), ("hit_rate", (hits > 0).astype(float))):
+        low, high, _ = bca_interval(values)
+        out[name] = {"mean": round(float(values.mean()), 4), "ci95": [round(low, 4), round(high, 4)]}
+    return out
+
+
+def ceiling(cases: list[dict]) -> float:
+    """The share of the real next films that any page showed: no method can do better."""
+    return round(
+        float(
+            np.mean(
+                [len({m for p in c["pages"] for m in p} & set(c["next"])) / len(c["next"]) for c in cases]
+            )
+        ),
+        4,
+    )
+
+
+def claims(results: dict, subject: str) -> list[dict]:
+    others = [m for m in ("popularity", "mf") if m in results["methods"]]
+    if subject not in results["methods"] or not others:
+        return []
+    confidence = 1 - 0.05 / len(others)
+    out = []
+    for other in others:
+        diff = np.array(results["methods"][subject]["recall_per_user"]) - np.array(
+            results["methods"][other]["recall_per_user"]
+        )
+        low, high, share = bca_interval(diff, confidence=confidence)
+        out.append(
+            {
+                "claim": f"{subject} > {other} (recall)",
+                "difference": round(float(diff.mean()), 4),
+                "ci": [round(low, 4), round(high, 4)],
+                "confidence": round(confidence, 5),
+                "resamples_above_zero": round(share, 4),
+                "users": len(diff),
+            }
+        )
+    return out
+
+
+def run(
+    config_path, set_overrides, out: Path, n_users: int, n_validation: int, after: str, steps: int,
+    methods: list[str] | None = None, adapter: str | None = None, backend=None, embed=None, overwrite: bool = False,
+) -> dict:  # fmt: skip
+    from agents.sandbox.config import as_dict, load_config
+    from data_prep import movielens
+    from data_prep.fingerprint import adapter_digest
+
+    if not 1 <= steps <= HORIZON:
+        raise SystemExit(
+            f"error: --steps must be 1 to {HORIZON} (the tests' users have {HORIZON} ratings after their cutoff)"
+        )
+    config = load_config(config_path, [*set_overrides, "temperature=0"])
+    data = movielens.load(config.data)
+    moment = movielens.parse_moment(after, data)
+    trained = check_adapter(adapter, moment, config)
+    rows = {name: value for name, value in variants(adapter).items() if name != "agent-generate"}
+    methods = methods or [*BASELINES, *rows]
+    wanted = [m for m in methods if m in BASELINES or m in rows]
+    left_out = [m for m in variants("adapter") if m.startswith("tuned") and m not in rows]
+    users, _ = draw_users(data, moment, HORIZON, config.min_history, n_users, n_validation, config.seed)
+    inputs = {
+        "data": data_digest(config.data),
+        "config": as_dict(config),
+        "users": users,
+        "after": moment,
+        "steps": steps,
+        "adapter": adapter_digest(adapter),
+    }
+    store = Results(out, inputs, overwrite)
+    cases = make_cases(data, users, steps)
+    make_pages(data, cases, config, steps, config.seed)
+    todo = [m for m in wanted if m in rows and store.get(m) is None]
+    if todo and backend is None:
+        from agents.llm import load_llm
+
+        config.llm.adapter = adapter
+        backend = load_llm(config.llm)
+    if todo and embed is None:
+        from agents.retrieval import Retriever
+        from eval.backends import packaged_minilm
+
+        embed = Retriever(packaged_minilm("cpu", 64)).embed
+    for method in wanted:
+        if store.get(method) is not None:
+            print(f"{method}: done earlier, kept ({store.path(method)})")
+            continue
+        if method in rows:
+            overrides, uses_adapter = rows[method]
+            row = AgentRow(
+                method, overrides, uses_adapter, config_path, set_overrides, data, backend, embed, config.seed
+            )
+            walks = walk_agent(row, cases, steps)
+            value = {
+                **score(cases, walks, steps),
+                "counts": dict(row.counts),
+                "normalisation": row.config.decision.normalisation,
+            }
+        else:
+            walks = WALKS[method](
+                cases, data=data, rng=np.random.default_rng([config.seed, list(WALKS).index(method)])
+            )
+            value = score(cases, walks, steps)
+        value["walks"] = walks
+        store.put(method, value)
+        print(f"{method}: recall {value['recall']['mean']:.3f}, hit rate {value['hit_rate']['mean']:.3f}")
+    results = {
+        "users": users,
+        "after": movielens.day(moment),
+        "steps": steps,
+        "seed": config.seed,
+        "adapter": trained,
+        "recommender": as_dict(config)["recommender"],
+        "ceiling_recall": ceiling(cases),
+        "left_out": dict.fromkeys(left_out, "needs --adapter"),
+        "methods": {m: store.get(m) for m in wanted},
+    }
+    results["claims"] = claims(results, "tuned" if "tuned" in wanted else "agent-score")
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "table.md").write_text(table(results))
+    print(table(results))
+    return results
+
+
+def table(results: dict) -> str:
+    first = next(iter(results["methods"].values()))
+    lines = [
+        f"| method ({first['users']} test users, {results['steps']} pages of {results['recommender']['page_size']} "
+        f"from {results['recommender']['kind']}, real next {results['steps']} films after {results['after']}) | recall | hit rate |",
+        "|---|---|---|",
+    ]
+    for method, r in results["methods"].items():
+        cells = [
+            f"{r[k]['mean']:.3f} [{r[k]['ci95'][0]:.3f}, {r[k]['ci95'][1]:.3f}]"
+            for k in ("recall", "hit_rate")
+        ]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    for method, why in results["left_out"].items():
+        lines.append(f"| {method} | left out: {why} | |")
+    lines.append(f"| ceiling (the real next films any page showed) | {results['ceiling_recall']:.3f} | |")
+    if results["claims"]:
+        confidence = results["claims"][0]["confidence"]
+        lines += [
+            "",
+            f"| claim | difference | {confidence:.2%} CI (paired BCa, Bonferroni over {len(results['claims'])}) | resamples > 0 |",
+            "|---|---|---|---|",
+        ]
+        for c in results["claims"]:
+            lines.append(
+                f"| {c['claim']} | {c['difference']:+.3f} | [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | {c['resamples_above_zero']:.1%} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--users", type=int, default=100)
+    parser.add_argument(
+        "--validation-users", type=int, default=50, help="drawn (and left out) as in the other tests"
+    )
+    parser.add_argument("--after", default="2010-01-01")
+    parser.add_argument("--steps", type=int, default=HORIZON)
+    parser.add_argument("--adapter")
+    names = list(dict.fromkeys([*BASELINES, *variants("adapter"), *variants(None)]))
+    parser.add_argument("--methods", nargs="+", choices=[n for n in names if n != "agent-generate"])
+    parser.add_argument("--set", nargs="*", action="extend", default=[])
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    run(
+        args.config, args.set, args.out, args.users, args.validation_users, args.after, args.steps, args.methods,
+        args.adapter, overwrite=args.overwrite,
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The sandbox's choice pairs: each prompt is exactly the page prompt the sandbox's agent of that user at
+that moment sees (one renderer, the same memories), nothing in a pair is from on or after --before,
+distractors are films the user had not rated, and train.sft trains on them."""
+
+import json
+
+import numpy as np
+import pytest
+from sandbox_fakes import embed
+
+from agents.sandbox.agent import agents_at, watch_messages
+from agents.sandbox.config import load_config
+from agents.sandbox.memory import LLMMemoryModel
+from data_prep import choice_pairs, movielens
+from data_prep.prompt import watched_line
+from data_prep.schema import parse_iso
+
+
+@pytest.fixture(scope="module")
+def ml(raw):
+    return movielens.load(raw / "movielens_latest_small")
+
+
+OPTIONS = {"round_days": 1.0, "short_term": 3, "retrieve": 3, "recency_decay": 0.99}
+
+
+def test_a_pair_prompt_is_the_page_prompt_the_sandbox_agent_sees(ml):
+    before = movielens.parse_moment("2005-01-01", ml)
+    rng = np.random.default_rng(0)
+    targets = choice_pairs.draw_targets(ml, before, 5, 3, 12, rng)
+    examples, counts = choice_pairs.make_examples(ml, targets, before, OPTIONS, embed, rng)
+    assert len(examples) == len(targets) == 12 and not counts
+    config = load_config("configs/sandbox/movielens.yaml", [])  # the shipped config: 3 recent, 3 recalled
+    for example, target in zip(examples, targets, strict=True):
+        (agent,) = agents_at(ml, [target.user], [target.ts], config, embed, LLMMemoryModel(None), rng)
+        shown = example["prompt"][1]["content"].split("The recommender shows:\n")[1].split("\n\n# Task")[0]
+        assert watch_messages(agent, shown, target.ts, 0) == example["prompt"]
+        assert example["completion"][0]["content"] == ml.movies[target.movie].title
+        assert len(agent.memory.context("x", 0)) == min(6, len(agent.profile.history))
+
+
+def test_nothing_in_a_pair_is_from_on_or_after_the_cutoff_date(ml):
+    before = movielens.parse_moment("2005-01-01", ml)
+    rng = np.random.default_rng(1)
+    targets = choice_pairs.draw_targets(ml, before, 5, 40, 150, rng)
+    examples, counts = choice_pairs.make_examples(ml, targets, before, OPTIONS, embed, rng)
+    by_id = {f"{t.user}:{t.movie}:{t.ts}": t for t in targets}
+    assert len(examples) + counts["too_few_distractors"] == len(targets) > 100  # each target used or counted
+    for example in examples:
+        target = by_id[example["example_id"]]
+        assert target.ts < before and parse_iso(example["date"]) == target.ts
+        page = example["page"]
+        assert target.movie in page and len(page) in (6, 10) and len(set(page)) == len(page)
+        rated_before = {r.movie for r in ml.by_user()[target.user] if r.ts < before}
+        assert not (set(page) - {target.movie}) & rated_before  # distractors: never rated by the user
+        existed = set(movielens.existing_films(ml, target.ts))
+        assert all(
+            m in existed for m in page if m != target.movie
+        )  # rated before, or released in an earlier year
+        older = {
+            watched_line(ml.movies[r.movie].text(), r.stars, movielens.day(r.ts))
+            for r in ml.by_user()[target.user]
+            if r.ts < target.ts
+        }
+        remembered = example["prompt"][1]["content"].split("# What you remember\n")[1].split("\n\n")[0]
+        assert {
+            line.removeprefix("- ") for line in remembered.splitlines()
+        } <= older  # strictly older ratings
+    assert any(r.ts >= before for r in ml.ratings)  # the sample has later ratings, and none became a target
+
+
+def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw, tmp_path, tiny_model):
+    out = tmp_path / "pairs"
+    card = choice_pairs.main(
+        ["--data", str(raw / "movielens_latest_small"), "--out", str(out), "--before", "2003-01-01",
+         "--examples", "24", "--per-user", "3", "--tokenizer", str(tiny_model), "--max-tokens", "2048"],
+        embed=embed,
+    )  # fmt: skip
+    rows = {
+        s: [json.loads(x) for x in (out / f"{s}.jsonl").read_text().splitlines()]
+        for s in ("train", "validation")
+    }
+    assert card["task"] == "sandbox_choice" and sum(card["examples"].values()) == 24
+    assert not {r["user"] for r in rows["train"]} & {r["user"] for r in rows["validation"]}
+    assert card["latest_target"] < "2003-01-01" and card["options"]["short_term_capacity"] == 3
+    from train.sft import main as sft
+
+    run = tmp_path / "adapter"
+    trainer = sft(
+        ["--pairs", str(out), "--model_name_or_path", str(tiny_model), "--output_dir", str(run), "--use_peft",
+         "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj", "--max_steps", "3", "--per_device_train_batch_size",
+         "2", "--global_batch_size", "2", "--use_cpu", "--bf16", "false", "--report_to", "none", "--save_strategy", "no",
+         "--eval_strategy", "no", "--logging_steps", "1", "--activation_checkpointing", "false", "--learning_rate", "1e-2"],
+    )  # fmt: skip
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+    from safetensors.numpy import load_file
+
+    weights = load_file(run / "adapter_model.safetensors")
+    assert any(
+        "lora_B" in k and np.abs(v).sum() > 0 for k, v in weights.items()
+    )  # B starts at zero: it learned
+    record = json.loads((run / "training_data.json").read_text())
+    assert record["latest_target_ts"] < movielens.parse_moment("2003-01-01", ml)  # what the tests check

@@ -1,0 +1,124 @@
+"""What a person reads in the sandbox: chats and posts measured per round (distinct-2, messages stuck in
+a loop), the template that states the film and the stars when the model cannot write, chats that are
+about what the agents watched, and the decoding controls against loops reaching the backend."""
+
+import numpy as np
+import pytest
+from sandbox_fakes import Scripted, embed
+
+from agents.llm import HFBackend, LLMConfig, Sampling
+from agents.sandbox.config import load_config
+from agents.sandbox.profiles import movielens_profiles
+from agents.sandbox.world import World, template_message
+from data_prep import movielens
+from eval.fidelity import repeats_ngram, words
+
+
+@pytest.fixture(scope="module")
+def ml(raw):
+    return movielens.load(raw / "movielens_latest_small")
+
+
+class Looping(Scripted):
+    """Everyone socialises and chats with their first contact; every message repeats itself."""
+
+    def answer(self, conversation, constraint):
+        if constraint.kind == "choice":
+            return "social" if "social" in constraint.options else constraint.options[0]
+        if "action" in constraint.schema:
+            return '{"action": "chat", "contact": 1, "text": "I am looking at you, but it is a lie. I am looking at you, but it is a lie."}'
+        if '"say"' in constraint.schema:
+            return '{"say": "Nice. Nice. Nice."}'
+        return super().answer(conversation, constraint)
+
+
+def world(ml, backend, overrides=()):
+    config = load_config(None, ["recommender.kind=popularity", "activity.pareto_xmin=1", *overrides])
+    rng = np.random.default_rng(config.seed)
+    profiles = movielens_profiles(ml, 4, ml.end, rng, config.features, config.min_history)
+    names = [p.name for p in profiles]
+    return World(config, profiles, ml, backend, embed, {n: set(names) - {n} for n in names}, rng)
+
+
+def test_each_round_measures_its_messages_and_finds_the_loops(ml):
+    w = world(ml, Looping({}))
+    events, stats = w.step()
+    messages = [m for e in events if e["action"] == "chat" for m in e["messages"]]
+    assert stats["chats"] == 4 and stats["messages"] == len(messages) == 4 * 4  # opening + three turns
+    assert stats["messages_repeating_4gram"] == pytest.approx(
+        0.25
+    )  # every opening loops; "Nice." thrice does not
+    assert 0 < stats["messages_distinct_2"] < 0.5 and stats["messages_by"] == "llm"
+    assert repeats_ngram(words("a b c d a b c d")) and not repeats_ngram(words("a b c d e"))
+
+
+def test_the_template_states_each_speakers_latest_film_and_stars(ml):
+    backend = Looping({})
+    w = world(ml, backend, ["text.messages=template"])
+    events, stats = w.step()
+    chats = [e for e in events if e["action"] == "chat"]
+    assert chats and stats["messages_by"] == "template" and stats["messages_repeating_4gram"] == 0
+    for chat in chats:
+        speakers = [line.split(": ", 1)[0] for line in chat["text"].splitlines()]
+        for speaker, message in zip(speakers, chat["messages"], strict=True):
+            films = w.agents[speaker].recent(ml.movies)
+            title, stars = films[-1]
+            assert title in message and f"{stars:g} out of 5" in message
+    assert w.counts["template_messages"] == sum(len(c["messages"]) for c in chats)
+    assert not any("say" in str(c) for c in backend.batches)  # no LLM call wrote a message
+    assert template_message("post", []) == "Nothing watched lately."
+
+
+def test_an_llm_chat_prompt_carries_the_speakers_own_films(ml):
+    from sandbox_fakes import Recording
+
+    backend = Recording()
+    w = world(ml, backend, ["activity.pareto_xmin=1"])
+    w.step()
+    w.step()
+    social = [p for p in backend.prompts if "Chat with one contact" in p or "Reply to" in p]
+    assert social
+    for prompt in social:
+        name = prompt.removeprefix("You are ").split(";")[0]
+        title, stars = w.agents[name].recent(ml.movies)[-1]
+        assert "Films you watched lately: " in prompt and f"{title} ({stars:g} of 5)" in prompt
+
+
+def test_the_decoding_controls_reach_the_hf_backends_generate(tiny_model, monkeypatch):
+    backend = HFBackend(LLMConfig(model=str(tiny_model)))
+    seen = []
+    original = backend.model.generate
+
+    def spy(**kwargs):
+        seen.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(backend.model, "generate", spy)
+    backend.generate(
+        [[{"role": "user", "content": "hi"}]], Sampling(4, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    )
+    backend.generate([[{"role": "user", "content": "hi"}]], Sampling(4))
+    assert seen[0]["repetition_penalty"] == 1.3 and seen[0]["no_repeat_ngram_size"] == 3
+    assert "repetition_penalty" not in seen[1] and "no_repeat_ngram_size" not in seen[1]
+    assert set(backend.decoding_controls) == {"repetition_penalty", "no_repeat_ngram_size"}
+
+
+def test_the_sandbox_config_sets_the_controls_and_the_summary_says_which_applied(raw, tmp_path):
+    import argparse
+
+    from agents.sandbox.run import run
+
+    class NoControls(Scripted):
+        decoding_controls = ()
+
+    backend = NoControls({})
+    sampled = []
+    generate = backend.generate
+    backend.generate = lambda c, s, k=None: sampled.append(s) or generate(c, s, k)
+    args = argparse.Namespace(
+        config=None, out=str(tmp_path / "run"), rounds=1, agents=3, human=None, overwrite=False,
+        set=[f"data={raw / 'movielens_latest_small'}", "recommender.kind=popularity", "activity.pareto_xmin=1", "text.repetition_penalty=1.3"],
+    )  # fmt: skip
+    summary = run(args, backend, embed)
+    assert summary["decoding_controls"] == {"applied": [], "not_available": ["repetition_penalty"]}
+    assert any(s.repetition_penalty == 1.3 for s in sampled)
