@@ -1,8 +1,10 @@
 """Sandbox figures a person can rerun.
 
     python -m bench.sandbox_bench pareto       # the activity law fitted to MovieLens per-user rating counts
+    python -m bench.sandbox_bench memory       # how long a memory record lives, per forget_scale
     python -m bench.sandbox_bench efficiency   # wall time per round against the number of agents
-    python -m bench.sandbox_bench efficiency --real --agents 1 10 50 --max-single 10   # SmolLM2 offline
+    python -m bench.sandbox_bench efficiency --real --agents 1 10 100 --max-single 10   # SmolLM2 offline
+    python -m bench.sandbox_bench score        # score mode's cost per candidate against generation
     python -m bench.sandbox_bench cocoon --rounds 10 --agents 20   # exposure entropy, MF, +/- injection
 
 ``pareto``: alpha of a Pareto law fitted by maximum likelihood (x_min = the smallest count) to the
@@ -17,6 +19,15 @@ by a hashed bag of words and the recommender is popularity, so the figures are t
 overhead plus the modelled LLM time. With ``--real`` the world is the shipped config's (MovieLens
 profiles, ALS, MiniLM memories) and the LLM is its offline model on this machine: the same round,
 with prompt and answer tokens per agent.
+
+``memory``: forgetting in the memory's own code (memory.Memory.forget): 20,000 identical long-term
+records per row, a forgetting pass every ``reflect_every`` rounds, and the round by which half of them
+are gone, for fresh records of three importances and for a history record a year old, per
+``forget_scale``.
+
+``score``: one page decision of the shipped config's agents (the real offline model, greedy) made by
+generation (the page step's JSON answer) and by score (the film's title scored), side by side, on the
+same pages of 6 and 10 films: seconds per decision and per candidate.
 
 ``cocoon``: information cocoons. The shipped config's world with the trained MF, retrained on the
 simulated clicks every round, run with no random injection and with ``--inject`` random items per page,
@@ -132,10 +143,7 @@ def one_round(data, n: int, backend, seed: int = 0) -> tuple[float, int]:
     ]
     names = [p.name for p in profiles]
     graph = generate_graph(names, [p.interests for p in profiles], 3, 0.0, rng)
-    history = [(r.user, r.movie) for r in data.ratings]
-    world = World(
-        config, profiles, data.movies, history, backend, lambda t: hashed_bag_of_words(t, 64), graph, rng
-    )
+    world = World(config, profiles, data, backend, lambda t: hashed_bag_of_words(t, 64), graph, rng)
     start = time.perf_counter()
     world.step()
     answers = (
@@ -332,6 +340,85 @@ def plot_cocoon(runs: dict, path: Path, args) -> None:
     plt.close(fig)
 
 
+def memory(args) -> dict:
+    """Half-lives of memory records under the memory's own forgetting, per forget_scale."""
+    from agents.sandbox.config import load_config
+    from agents.sandbox.memory import Memory, Record
+
+    rows = []
+    kinds = {
+        "fresh, importance 0.3": (0.3, 0),
+        "fresh, importance 0.5": (0.5, 0),
+        "fresh, importance 0.9": (0.9, 0),
+    }
+    kinds["history, a year old, importance 0.5"] = (0.5, -365)
+    for scale in args.scales:
+        config = load_config(args.config, [f"memory.forget_scale={scale}"]).memory
+        row = {"forget_scale": scale}
+        for name, (importance, created) in kinds.items():
+            memory = Memory(config, None, None, np.random.default_rng(0))
+            memory.long = [Record("r", importance, created, created, [1.0]) for _ in range(args.records)]
+            half, now = None, 0
+            while half is None and now < args.horizon:
+                now += config.reflect_every
+                memory.forget(now)
+                if len(memory.long) <= args.records / 2:
+                    half = now
+            row[name] = half if half is not None else f"> {args.horizon}"
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result = {"reflect_every": config.reflect_every, "records": args.records, "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "memory.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def score_cost(args) -> dict:
+    """One page decision by generation and by score, the same agents and pages, side by side."""
+    from agents.sandbox.agent import agents_at, watch_messages
+    from agents.sandbox.config import load_config
+    from agents.sandbox.decide import Decider
+    from agents.sandbox.memory import LLMMemoryModel
+    from agents.sandbox.world import step_schema
+    from eval.sandbox_cases import page_text
+
+    backend, embed = real_parts(args.config)
+    data = movielens.load(load_config(args.config).data)
+    config = load_config(args.config, ["temperature=0", *args.set])
+    rng = np.random.default_rng(0)
+    users = sorted(int(u) for u in rng.choice(sorted(data.by_user()), size=args.pages, replace=False))
+    moments = [data.by_user()[u][-1].ts for u in users]
+    decider = Decider(config, backend, rng, Counter())
+    agents = agents_at(data, users, moments, config, embed, LLMMemoryModel(backend), rng)
+    rows = []
+    for size in args.sizes:
+        pages = [[int(m) for m in rng.choice(sorted(data.movies), size=size, replace=False)] for _ in users]
+        prompts = [
+            watch_messages(a, page_text(data, p, t), t, 0)
+            for a, p, t in zip(agents, pages, moments, strict=True)
+        ]
+        start = time.perf_counter()
+        decider.ask("recommender", [a.profile.name for a in agents], prompts, step_schema(size))
+        generated = time.perf_counter() - start
+        start = time.perf_counter()
+        decider.scores("watch", prompts, [[data.movies[m].title for m in p] for p in pages])
+        scored = time.perf_counter() - start
+        row = {
+            "films_per_page": size,
+            "pages": len(pages),
+            "generate_s_per_page": round(generated / len(pages), 3),
+            "score_s_per_page": round(scored / len(pages), 3),
+            "score_s_per_candidate": round(scored / len(pages) / size, 4),
+            "score_over_generate": round(scored / generated, 3),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result = {"model": backend.info, "batch": config.llm.generation_batch_size, "rows": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "score_cost.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -345,6 +432,13 @@ def main(argv: list[str] | None = None) -> None:
     speed.add_argument("--per-row", type=float, default=0.002, help="seconds per answered row")
     speed.add_argument("--max-single", type=int, default=100, help="largest size also run one at a time")
     speed.add_argument("--real", action="store_true", help="the config's world and offline LLM")
+    forgetting = sub.add_parser("memory")
+    forgetting.add_argument("--scales", type=float, nargs="+", default=[1.0, 0.3, 0.1, 0.03])
+    forgetting.add_argument("--records", type=int, default=20000)
+    forgetting.add_argument("--horizon", type=int, default=1000, help="rounds simulated at most")
+    cost = sub.add_parser("score")
+    cost.add_argument("--pages", type=int, default=32)
+    cost.add_argument("--sizes", type=int, nargs="+", default=[6, 10])
     cocoon_parser = sub.add_parser("cocoon")
     cocoon_parser.add_argument("--rounds", type=int, default=10)
     cocoon_parser.add_argument("--agents", type=int, default=20)
@@ -356,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
         default="all",
         help="the MF's real history: all users or the agents",
     )
-    for sub_parser in (speed, cocoon_parser):
+    for sub_parser in (speed, cocoon_parser, forgetting, cost):
         sub_parser.add_argument("--config", default="configs/sandbox/movielens.yaml")
         sub_parser.add_argument("--out", type=Path, default=Path("runs/bench/sandbox"))
         sub_parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
@@ -365,6 +459,10 @@ def main(argv: list[str] | None = None) -> None:
         pareto(args)
     elif args.command == "cocoon":
         cocoon(args)
+    elif args.command == "memory":
+        memory(args)
+    elif args.command == "score":
+        score_cost(args)
     else:
         result = real_efficiency(args) if args.real else efficiency(args)
         args.out.mkdir(parents=True, exist_ok=True)

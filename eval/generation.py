@@ -22,11 +22,12 @@ Per user: hits = |watched & real next|, recall = hits / steps, hit = hits > 0; r
 intervals over users, beside the ceiling (the share of the real next films that any page showed).
 Paired claims: the tuned agent (else the scoring agent) against popularity and MF on recall,
 Bonferroni-corrected. A page's counts and tags are those of the cutoff (a later moment would show the
-user's own future ratings). The score normalisation is the config's (``decision.normalisation``: pass
-the one eval.discrimination chose on its validation users with ``--set``).
+user's own future ratings). Each agent row scores with the normalisation eval.discrimination chose for
+it on its validation users (``--choices-from`` its results.json), else the config's.
 
     python -m eval.generation --config configs/sandbox/movielens.yaml --out runs/generation --users 100 \\
-        --after 2010-01-01 [--adapter runs/sandbox/sft/choice] [--set decision.normalisation=sum]
+        --after 2010-01-01 [--adapter runs/sandbox/sft/choice] \
+        [--choices-from runs/discrimination/results.json]
 
 Writes OUT/results.json, OUT/table.md and OUT/methods/ (each method as it finishes: a rerun resumes).
 """
@@ -208,6 +209,7 @@ def claims(results: dict, subject: str) -> list[dict]:
 def run(
     config_path, set_overrides, out: Path, n_users: int, n_validation: int, after: str, steps: int,
     methods: list[str] | None = None, adapter: str | None = None, backend=None, embed=None, overwrite: bool = False,
+    choices_from: Path | None = None,
 ) -> dict:  # fmt: skip
     from agents.sandbox.config import as_dict, load_config
     from data_prep import movielens
@@ -222,6 +224,11 @@ def run(
     moment = movielens.parse_moment(after, data)
     trained = check_adapter(adapter, moment, config)
     rows = {name: value for name, value in variants(adapter).items() if name != "agent-generate"}
+    if choices_from:  # each row's normalisation as the discrimination test chose it on validation users
+        chosen = json.loads(Path(choices_from).read_text())["methods"]
+        for name, (overrides, uses) in rows.items():
+            if chosen.get(name, {}).get("normalisation"):
+                rows[name] = ([*overrides, f"decision.normalisation={chosen[name]['normalisation']}"], uses)
     methods = methods or [*BASELINES, *rows]
     wanted = [m for m in methods if m in BASELINES or m in rows]
     left_out = [m for m in variants("adapter") if m.startswith("tuned") and m not in rows]
@@ -233,6 +240,7 @@ def run(
         "after": moment,
         "steps": steps,
         "adapter": adapter_digest(adapter),
+        "rows": rows,
     }
     store = Results(out, inputs, overwrite)
     cases = make_cases(data, users, steps)
@@ -332,12 +340,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--adapter")
     names = list(dict.fromkeys([*BASELINES, *variants("adapter"), *variants(None)]))
     parser.add_argument("--methods", nargs="+", choices=[n for n in names if n != "agent-generate"])
+    parser.add_argument(
+        "--choices-from", type=Path, help="eval.discrimination's results.json: each row's normalisation"
+    )
     parser.add_argument("--set", nargs="*", action="extend", default=[])
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     run(
         args.config, args.set, args.out, args.users, args.validation_users, args.after, args.steps, args.methods,
-        args.adapter, overwrite=args.overwrite,
+        args.adapter, overwrite=args.overwrite, choices_from=args.choices_from,
     )  # fmt: skip
 
 

@@ -228,6 +228,8 @@ def test_bad_input_is_an_error_naming_what_is_wrong_before_any_round(raw, tmp_pa
         with pytest.raises(SystemExit, match=message):
             run(args(raw, tmp_path / f"bad{k}", 1, f"profiles={profiles}", *extra), Recording(), embed)
         assert not (tmp_path / f"bad{k}" / "interactions.jsonl").exists()  # no round was played
+    with pytest.raises(SystemExit, match=r"no rating in .* is older than the start \(1990-01-01\)"):
+        run(args(raw, tmp_path / "too-early", 1, "start=1990-01-01"), Recording(), embed)
     with pytest.raises(SystemExit, match="'soon' is not a date"):
         run(args(raw, tmp_path / "bad-start", 1, "start=soon"), Recording(), embed)
     with pytest.raises(ConfigError, match="decision.mode"):

@@ -117,3 +117,18 @@ def test_search_ranks_the_catalogue_and_skips_what_the_agent_has_seen(ml):
     again = w.search("Toy Story", set(toy))
     assert not set(toy) & set(again) and len(again) == len(found)
     assert w.search("Toy Story", set(ml.movies) - {toy[0]}) == [toy[0]]  # only one left to show
+
+
+def test_an_empty_search_query_is_a_counted_fallback_not_the_first_films(ml):
+    class EmptySearch(Scripted):
+        def answer(self, conversation, constraint):
+            if constraint.kind == "json" and "feeling" in constraint.schema:
+                return json.dumps({"action": "search", "items": [1], "query": "  ", "feeling": ""})
+            return super().answer(conversation, constraint)
+
+    names = list(world(ml, Scripted({})).agents)
+    w = world(ml, EmptySearch(dict.fromkeys(names, "recommender")))
+    events, _ = w.step()
+    assert w.counts["fallback:empty_search"] == len(names)
+    assert not any(e["action"] == "search" for e in events)
+    assert sum(1 for e in events if e["action"] == "leave" and e.get("fallback")) == len(names)

@@ -93,9 +93,18 @@ def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool =
     and the agents' start (the checkpoint has them)."""
     data = movielens.load(config.data)
     (out / "rejects.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data.rejects))
+    if data.rejects and fresh:
+        reasons = {
+            k.removeprefix("rejected:"): v for k, v in data.counts.items() if k.startswith("rejected:")
+        }
+        print(f"{len(data.rejects)} data lines not used ({reasons}): kept in {out}/rejects.jsonl")
     rng = np.random.default_rng(config.seed)
     try:
         start = parse_moment(config.start, data)
+        if not data.ratings or data.ratings[0].ts >= start:
+            raise ValueError(
+                f"no rating in {config.data} is older than the start ({day(start)}): nothing to start from"
+            )
         profiles = make_profiles(config, data, start, rng)
     except (ProfileError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None

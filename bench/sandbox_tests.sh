@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The sandbox's checks end to end (bench/README.md, "Recommender sandbox"): choice pairs strictly before
+# AFTER, the CPU adapter on them (under an hour), then the three tests on the same 100 users, each with
+# the tuned rows. Every step resumes where it stopped when rerun. About 5 hours on 2 cores.
+#   bash bench/sandbox_tests.sh                      # ml-latest-small from ../shared
+#   DATA=path/to/ml-folder AFTER=2012-01-01 bash bench/sandbox_tests.sh
+set -euo pipefail
+DATA=${DATA:-../shared/data/raw/movielens_latest_small}
+AFTER=${AFTER:-2010-01-01}
+OUT=${OUT:-runs/sandbox_tests}
+PY=${PY:-.venv/bin/python}
+CONFIG=configs/sandbox/movielens.yaml
+ADAPTER=runs/sandbox/sft/choice
+[ -f runs/pairs/choices/card.json ] || "$PY" -m data_prep.choice_pairs --data "$DATA" --out runs/pairs/choices \
+    --before "$AFTER" --examples 6000
+[ -f "$ADAPTER/training_card.json" ] || "$PY" -m train.sft --config configs/sft/smollm2_choice_cpu.yaml
+"$PY" -m eval.discrimination --config "$CONFIG" --set "data=$DATA" --out "$OUT/discrimination" \
+    --after "$AFTER" --adapter "$ADAPTER"
+"$PY" -m eval.generation --config "$CONFIG" --set "data=$DATA" --out "$OUT/generation" --after "$AFTER" \
+    --adapter "$ADAPTER" --choices-from "$OUT/discrimination/results.json"
+"$PY" -m eval.alignment --config "$CONFIG" --set "data=$DATA" --out "$OUT/alignment" --after "$AFTER"
