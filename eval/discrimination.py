@@ -18,7 +18,9 @@ last ten titles, a structured list of numbers); and the simulator's agents (eval
 VARIANTS): each tested user's agent built as the sandbox builds it, at the cutoff, shown the candidates
 as a page and deciding as in the sandbox: ``agent-generate`` (a structured list of numbers),
 ``agent-score`` (the candidates ranked by the score of their titles, the top a), ``tuned`` (the same
-with the LoRA adapter of ``--adapter``), and the memory ablations. The score normalisation of each
+with the LoRA adapter of ``--adapter``), and the memory ablations (no short-term, no long-term; no
+reflection is the full agent here: it decides at the cutoff, before any round has reflected). The score
+normalisation of each
 scoring row is chosen on the validation users (the best mean p over the four settings) and reported on
 the test users. Paired claims: the tuned agent (or, without an adapter, the scoring agent) against
 popularity and MF in every setting, with BCa intervals Bonferroni-corrected over the claims.
@@ -58,6 +60,9 @@ from eval.sandbox_cases import (
 )
 
 SETTINGS = ((1, 5), (3, 3), (3, 7), (1, 9))
+# The agent decides once, at the cutoff, before any round: reflection (every reflect_every rounds) has not
+# happened yet, so that ablation is the full agent here; eval.generation, where rounds pass, measures it.
+ABLATIONS_HERE = ("no-short-term", "no-long-term")
 BASELINES = ("random", "popularity", "embedding", "mf", "llm")
 PAPER = {  # the paper's Table 3 (20 MovieLens-1M users, ChatGPT), for reference
     "Embedding (paper)": (0.25, 0.55, 0.45, 0.30),
@@ -348,7 +353,7 @@ def run(
     data = movielens.load(config.data)
     moment = movielens.parse_moment(after, data)
     trained = check_adapter(adapter, moment, config)
-    rows = variants(adapter)
+    rows = variants(adapter, ABLATIONS_HERE)
     methods = methods or [*BASELINES, *rows]
     wanted = [m for m in methods if m in BASELINES or m in rows]
     left_out = [
@@ -497,7 +502,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--adapter", help="a LoRA adapter from train.sft on data_prep.choice_pairs: the tuned rows"
     )
-    all_methods = list(dict.fromkeys([*BASELINES, *variants("adapter"), *variants(None)]))
+    all_methods = list(
+        dict.fromkeys([*BASELINES, *variants("adapter", ABLATIONS_HERE), *variants(None, ABLATIONS_HERE)])
+    )
     parser.add_argument("--methods", nargs="+", choices=all_methods, help="default: every one that can run")
     parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
     parser.add_argument("--overwrite", action="store_true")

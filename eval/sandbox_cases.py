@@ -40,13 +40,13 @@ CHUNK = 16  # prompts per call, for the progress bar
 
 HORIZON = 10  # the generation test's steps: the longest hold-out of the three tests
 ABLATIONS = {
-    "no short-term": ["memory.short_term=false"],
-    "no long-term": ["memory.long_term=false"],
-    "no reflection": ["memory.reflection=false"],
+    "no-short-term": ["memory.short_term=false"],
+    "no-long-term": ["memory.long_term=false"],
+    "no-reflection": ["memory.reflection=false"],
 }
 
 
-def variants(adapter: str | None) -> dict[str, tuple[list[str], bool]]:
+def variants(adapter: str | None, ablations=tuple(ABLATIONS)) -> dict[str, tuple[list[str], bool]]:
     """name -> (config overrides, uses the adapter)."""
     out = {
         "agent-generate": (["decision.mode=generate"], False),
@@ -55,8 +55,8 @@ def variants(adapter: str | None) -> dict[str, tuple[list[str], bool]]:
     if adapter:
         out["tuned"] = (["decision.mode=score"], True)
     base = "tuned" if adapter else "agent-score"
-    for name, switches in ABLATIONS.items():
-        out[f"{base}, {name}"] = ([*out[base][0], *switches], out[base][1])
+    for name in ablations:
+        out[f"{base}/{name}"] = ([*out[base][0], *ABLATIONS[name]], out[base][1])
     return out
 
 
@@ -218,7 +218,7 @@ class Results:
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def path(self, method: str) -> Path:
-        return self.folder / (method.replace(", ", "__").replace(" ", "-") + ".json")
+        return self.folder / (method.replace("/", "__") + ".json")
 
     def get(self, method: str) -> dict | None:
         path = self.path(method)
