@@ -23,7 +23,7 @@ with prompt and answer tokens per agent.
 ``memory``: forgetting in the memory's own code (memory.Memory.forget): 20,000 identical long-term
 records per row, a forgetting pass every ``reflect_every`` rounds, and the round by which half of them
 are gone, for fresh records of three importances and for a history record a year old, per
-``forget_scale``.
+``forget_scale`` (the history's scale a tenth of it, as shipped).
 
 ``score``: one page decision of the shipped config's agents (the real offline model, greedy) made by
 generation (the page step's JSON answer) and by score (the film's title scored), side by side, on the
@@ -347,17 +347,22 @@ def memory(args) -> dict:
 
     rows = []
     kinds = {
-        "fresh, importance 0.3": (0.3, 0),
-        "fresh, importance 0.5": (0.5, 0),
-        "fresh, importance 0.9": (0.9, 0),
+        "fresh, importance 0.3": (0.3, 0, "observation"),
+        "fresh, importance 0.5": (0.5, 0, "observation"),
+        "fresh, importance 0.9": (0.9, 0, "observation"),
+        "history, a year old, importance 0.5": (0.5, -365, "history"),
     }
-    kinds["history, a year old, importance 0.5"] = (0.5, -365)
     for scale in args.scales:
-        config = load_config(args.config, [f"memory.forget_scale={scale}"]).memory
+        # the history's scale a tenth of the others' (the shipped ratio: 0.01 to 0.1)
+        config = load_config(
+            args.config, [f"memory.forget_scale={scale}", f"memory.history_forget_scale={scale / 10}"]
+        ).memory
         row = {"forget_scale": scale}
-        for name, (importance, created) in kinds.items():
+        for name, (importance, created, kind) in kinds.items():
             memory = Memory(config, None, None, np.random.default_rng(0))
-            memory.long = [Record("r", importance, created, created, [1.0]) for _ in range(args.records)]
+            memory.long = [
+                Record("r", importance, created, created, [1.0], kind) for _ in range(args.records)
+            ]
             half, now = None, 0
             while half is None and now < args.horizon:
                 now += config.reflect_every

@@ -10,10 +10,13 @@ AFTER=${AFTER:-2010-01-01}
 OUT=${OUT:-runs/sandbox_tests}
 PY=${PY:-.venv/bin/python}
 CONFIG=configs/sandbox/movielens.yaml
-ADAPTER=runs/sandbox/sft/choice
-[ -f runs/pairs/choices/card.json ] || "$PY" -m data_prep.choice_pairs --data "$DATA" --out runs/pairs/choices \
-    --before "$AFTER" --examples 6000
-[ -f "$ADAPTER/training_card.json" ] || "$PY" -m train.sft --config configs/sft/smollm2_choice_cpu.yaml
+PAIRS=$OUT/pairs
+ADAPTER=$OUT/adapter
+# the pairs are rebuilt each time (4 minutes; the same files for the same DATA and AFTER). train.sft
+# resumes a stopped run, finishes a finished one at once, and refuses an adapter folder that was trained
+# on other pairs (its fingerprint), naming what changed
+"$PY" -m data_prep.choice_pairs --data "$DATA" --out "$PAIRS" --before "$AFTER" --examples 6000
+"$PY" -m train.sft --config configs/sft/smollm2_choice_cpu.yaml --pairs "$PAIRS" --output_dir "$ADAPTER"
 "$PY" -m eval.discrimination --config "$CONFIG" --set "data=$DATA" --out "$OUT/discrimination" \
     --after "$AFTER" --adapter "$ADAPTER"
 "$PY" -m eval.generation --config "$CONFIG" --set "data=$DATA" --out "$OUT/generation" --after "$AFTER" \

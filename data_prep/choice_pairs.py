@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from data_prep import movielens
+from data_prep import fingerprint, movielens
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
 from data_prep.prompt import (
     WATCH_INSTRUCTION,
@@ -234,6 +234,11 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
         },
         "split_rule": "by user (sha256 of seed:user): no user in both splits",
         "data": str(args.data),
+        # the ratings the pairs came from: the sandbox's tests refuse an adapter trained on other data
+        "data_sha256": fingerprint.digest_files(
+            [args.data / n for n in ("movies.csv", "ratings.csv", "tags.csv") if (args.data / n).exists()],
+            args.data,
+        ),
         "provenance": provenance(["transformers", "sentence-transformers"]),
     }
     (args.out / "card.json").write_text(json.dumps(card, indent=2))

@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompt_tokens = [count_tokens(tokenizer, e["prompt"]) for e in examples]
     full = [count_tokens(tokenizer, e["prompt"], e["completion"][0]["content"]) for e in examples]
     card = {
+        "task": "converse",
         "examples": {split: len(rows) for split, rows in splits.items()},
         "personas": {split: len({r["persona"] for r in rows}) for split, rows in splits.items()},
         "conversations": dict(loaded.counts),

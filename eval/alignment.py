@@ -126,12 +126,14 @@ def rating_prompts(cases, data, history_titles: int) -> list[list[dict]]:
 
 def predict_llm(cases, data, backend, rng, counts, history_titles: int = 20, **_) -> list[list[float]]:
     from agents.llm import Constraint, Sampling
+    from eval.sandbox_cases import adapter_context
 
     prompts = rating_prompts(cases, data, history_titles)
     sampling = Sampling(max_new_tokens=4, seed=int(rng.integers(2**31 - 1)))
     answers, chunk = [], 64  # asked in chunks, for the progress bar
-    for start in tqdm(range(0, len(prompts), chunk), desc="agent ratings", unit="chunk"):
-        answers += backend.generate(prompts[start : start + chunk], sampling, Constraint.choice(STARS))
+    with adapter_context(backend, False):  # the bare LLM is the base model
+        for start in tqdm(range(0, len(prompts), chunk), desc="llm ratings", unit="chunk"):
+            answers += backend.generate(prompts[start : start + chunk], sampling, Constraint.choice(STARS))
     fallback = predict_user_mean_whole(cases, data)  # not counted here: the fallbacks are, below
     out, k = [], 0
     for case, backup in zip(cases, fallback, strict=True):

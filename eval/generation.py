@@ -231,7 +231,7 @@ def run(
                 rows[name] = ([*overrides, f"decision.normalisation={chosen[name]['normalisation']}"], uses)
     methods = methods or [*BASELINES, *rows]
     wanted = [m for m in methods if m in BASELINES or m in rows]
-    left_out = [m for m in variants("adapter") if m.startswith("tuned") and m not in rows]
+    left_out = [] if adapter else [m for m in variants("adapter") if m.startswith("tuned")]
     users, _ = draw_users(data, moment, HORIZON, config.min_history, n_users, n_validation, config.seed)
     inputs = {
         "data": data_digest(config.data),

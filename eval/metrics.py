@@ -94,14 +94,16 @@ def per_task_scores(terms: dict[str, np.ndarray], metric: str) -> np.ndarray:
 
 
 def bca_interval(
-    values, resamples: int = 2000, seed: int = 0, confidence: float = 0.95
+    values, resamples: int | None = None, seed: int = 0, confidence: float = 0.95
 ) -> tuple[float, float, float]:
     """The BCa bootstrap interval (95% unless ``confidence`` says otherwise: a Bonferroni-corrected
     family) of the mean of ``values`` (scipy.stats.bootstrap) and the share of resamples whose mean is
-    above zero. When every resample has the same mean (fewer than 2 values, or all equal) the interval
+    above zero. Resamples: 2,000, or enough for 50 beyond each tail of a stricter interval. When every resample has the same mean (fewer than 2 values, or all equal) the interval
     is that mean and the share 0 or 1."""
     from scipy.stats import bootstrap
 
+    if resamples is None:
+        resamples = max(2000, int(np.ceil(100 / (1 - confidence))))
     values = np.asarray(values, dtype=float)
     mean = float(values.mean())
     if len(values) < 2 or np.ptp(values) == 0:

@@ -13,8 +13,8 @@ tests refuse an adapter whose card says otherwise.
 
 **Agents.** ``VARIANTS`` are the simulator's agents under test: the sandbox config with a decision mode
 and memory switches, with or without the adapter, each agent built by agent.agents_at at the user's
-cutoff (its profile, its history in memory, its first reflection) and deciding through the sandbox's
-Decider at temperature 0. The memory ablations apply to the tuned agent when an adapter is given and
+cutoff (its profile, its history in memory) and deciding through the sandbox's Decider at temperature
+0. The memory ablations apply to the tuned agent when an adapter is given and
 to the untuned scoring agent otherwise.
 
 **Resuming.** Each method's result is written to OUT/methods/NAME.json as it finishes; a rerun skips
@@ -86,14 +86,18 @@ def draw_users(
 
 
 def check_adapter(adapter: str | None, after: int, config) -> dict | None:
-    """The adapter's training card: its pairs must all be older than ``after`` and fitted with this
-    config's memory and prompt settings; otherwise an error saying what is wrong."""
+    """The adapter's training card: its pairs must come from this data, all be older than ``after``, and
+    have been built with this config's memory and prompt settings; otherwise an error saying what is
+    wrong (a card that does not say is wrong too)."""
     if not adapter:
         return None
     folder = Path(adapter)
-    record = folder / "training_data.json"
-    if not record.exists():
-        raise SystemExit(f"error: {record} is missing: the tests cannot tell what the adapter was trained on")
+    record, card_path = folder / "training_data.json", folder / "training_card.json"
+    for path in (record, card_path):
+        if not path.exists():
+            raise SystemExit(
+                f"error: {path} is missing: the tests cannot tell what the adapter was trained on"
+            )
     latest = json.loads(record.read_text()).get("latest_target_ts")
     if latest is None or latest >= after:
         when = day(latest) if latest is not None else "an unknown time"
@@ -102,24 +106,31 @@ def check_adapter(adapter: str | None, after: int, config) -> dict | None:
             "its tests would see what it learned from after their cutoffs. Build the pairs with "
             "python -m data_prep.choice_pairs --before, or test with a later --after"
         )
-    card = (
-        json.loads((folder / "training_card.json").read_text())
-        if (folder / "training_card.json").exists()
-        else {}
-    )
-    options = ((card.get("data") or {}).get("options")) or {}
+    pairs = json.loads(card_path.read_text()).get("data") or {}
+    if pairs.get("task") != "sandbox_choice":
+        raise SystemExit(f"error: {adapter} was not trained on sandbox choice pairs (data_prep.choice_pairs)")
+    if pairs.get("data_sha256") != data_digest(config.data):
+        raise SystemExit(
+            f"error: the adapter's pairs come from other data than {config.data} ({pairs.get('data')})"
+        )
+    options = pairs.get("options") or {}
     expected = {
         "round_days": config.round_days,
         "retrieve_top": config.memory.retrieve_top,
         "short_term_capacity": config.memory.short_term_capacity,
         "recency_decay": config.memory.recency_decay,
     }
-    wrong = {k: (options.get(k), v) for k, v in expected.items() if k in options and options[k] != v}
+    wrong = {k: (options.get(k), v) for k, v in expected.items() if options.get(k) != v}
     if wrong:
         raise SystemExit(
             f"error: the adapter's pairs were built with other prompt settings (pairs, config): {wrong}"
         )
-    return {"adapter": adapter, "latest_target": day(latest), "pairs": card.get("recipe", {}).get("pairs")}
+    return {
+        "adapter": adapter,
+        "latest_target": day(latest),
+        "pairs": pairs.get("options"),
+        "page_sizes": options.get("page_sizes"),
+    }
 
 
 def adapter_context(backend, uses_adapter: bool):

@@ -47,7 +47,8 @@ class Scripted:
 
 
 class Recording(Scripted):
-    """Scripted answers, every prompt kept; the first agent browses, the others socialise."""
+    """Scripted answers, every prompt kept; agents whose names end in an odd digit browse, the others
+    socialise."""
 
     def __init__(self):
         super().__init__({})

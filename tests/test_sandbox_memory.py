@@ -93,6 +93,14 @@ def test_forgetting_is_proportional_to_g_and_keeps_the_recent_and_important(scal
     assert [r.text for r in mem.long] == ["fresh and vital", "old and trivial"][: 2 - forgotten]
 
 
+def test_the_real_history_is_forgotten_at_its_own_smaller_scale():
+    mem, _ = memory([], forget_scale=1.0, history_forget_scale=0.1)
+    old = Record("old film", 0.01, 0, 0, [0, 1, 0, 0], kind="history")  # g ~ 0.62: 0.062 as history
+    mem.long = [old, Record("old and trivial", 0.01, 0, 0, [0, 1, 0, 0])]
+    mem.rng = type("Draws", (), {"random": lambda self, n: np.array([0.1, 0.1])})()
+    assert mem.forget(now=10) == 1 and mem.long == [old]
+
+
 def test_a_new_record_enhances_every_alike_short_term_record():
     mem, _ = memory([compressed("comedy three", 9)], enhance_times=5)
     mem.short = [

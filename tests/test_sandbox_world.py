@@ -20,13 +20,13 @@ def ml(raw):
     return movielens.load(raw / "movielens_latest_small")
 
 
-def world(ml, backend, overrides=(), n=5):
+def world(ml, backend, overrides=(), n=5, fresh=True):
     config = load_config(None, ["recommender.kind=popularity", "activity.pareto_xmin=1", *overrides])
     rng = np.random.default_rng(config.seed)
     profiles = movielens_profiles(ml, n, ml.end, rng, config.features, config.min_history)
     names = [p.name for p in profiles]
     graph = {name: {other for other in names if other != name} for name in names}  # everyone knows everyone
-    return World(config, profiles, ml, backend, embed, graph, rng)
+    return World(config, profiles, ml, backend, embed, graph, rng, fresh=fresh)
 
 
 def test_a_post_reaches_every_contact_in_batched_calls(ml):
@@ -83,14 +83,17 @@ def test_a_checkpoint_resumes_to_the_identical_next_state(ml):
         "recommender.rec_random_k=1",
         "memory.reflect_every=2",  # forgetting, reflection and promotions within the rounds run here
         "memory.enhance_times=1",
+        "stars.llm_validation=20",  # the LLM's validation stars travel in the checkpoint
     ]
     live = world(ml, Scripted(places), overrides)
+    assert len(live.rater.validation_answers) == 20
     live.step()
     live.step()
     saved = json.loads(json.dumps(live.state()))  # through JSON text, as on disk
     next_events, next_stats = live.step()
-    resumed = world(ml, Scripted(places), overrides)
+    resumed = world(ml, Scripted(places), overrides, fresh=False)  # as a resumed run builds it
     resumed.restore(saved)
+    assert resumed.rater.validation_answers == live.rater.validation_answers
     events, stats = resumed.step()
     assert (events, stats) == (next_events, next_stats)
     memory_counts = sum((a.memory.counts for a in live.agents.values()), start=Counter())

@@ -397,6 +397,20 @@ def throughput(trainer, resumed_from_step: int = 0) -> dict:
     return out
 
 
+# what an adapter is for, by its pairs' task (their card.json): the model card's title and summary
+TASKS = {
+    "review": ("user review simulation", "Predicts the stars and the review a user would write for an item"),
+    "converse": (
+        "the conversational user simulator",
+        "Writes a user's next turn and its intent in a dialogue",
+    ),
+    "sandbox_choice": (
+        "the sandbox's choice of a film",
+        "Predicts the title of the film a MovieLens user watches next from a page (data_prep.choice_pairs)",
+    ),
+}
+
+
 def write_card(
     output_dir: str,
     recipe,
@@ -458,10 +472,12 @@ def write_card(
     (Path(output_dir) / "training_card.json").write_text(
         json.dumps({**card, **recipe_dump, "data": data_card}, indent=2, default=str)
     )
+    task = (data_card or {}).get("task", "review")
+    what = TASKS.get(task, TASKS["review"])
     text = [
-        f"# LoRA adapter: user review simulation on {model_args.model_name_or_path}",
+        f"# LoRA adapter: {what[0]} on {model_args.model_name_or_path}",
         "",
-        "Predicts the stars and the review a user would write for an item, from the prompt of data_prep/prompt.py.",
+        f"{what[1]}, from the prompt of data_prep/prompt.py.",
         "",
         *(f"- **{k}**: `{json.dumps(v, default=str)}`" for k, v in card.items()),
         f"- **training data**: `{recipe.pairs}` — `{json.dumps(data_card, default=str) if data_card else 'no card'}`",

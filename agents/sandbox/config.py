@@ -53,6 +53,9 @@ class MemoryConfig:
     # the probability of forgetting a record at a forgetting pass is forget_scale x g(M); the survival it
     # gives is measured by python -m bench.sandbox_bench memory (docs/sandbox.md)
     forget_scale: float = Field(0.1, gt=0, le=1)
+    # the same for the records of the user's real history (rated films, well established): a smaller
+    # scale keeps the user an agent stands for in its memory through a long run
+    history_forget_scale: float = Field(0.01, gt=0, le=1)
     reflect_every: int = Field(5, ge=1)  # rounds between reflections (and forgetting passes)
     merge_similarity: float = Field(0.9, ge=0, le=1)  # reflection merges long-term records closer than this
     # ablations (each a row of eval.discrimination): memory.py's docstring says what each turns off

@@ -64,6 +64,15 @@ class Decider:
         generator; counts: where calls, batches and tokens are counted."""
         self.config, self.backend, self.rng, self.counts, self.human = config, backend, rng, counts, human
         self.neutral: dict[tuple[str, str], tuple[float, int]] = {}  # pmi: (instruction, option) -> score
+        if (
+            config.llm.adapter
+            and config.decision.mode == "generate"
+            and config.decision.adapter_scope == "watch"
+        ):
+            raise ValueError(
+                "llm.adapter scores the choice of a film in decision.mode: score; with generate it would be "
+                "loaded and never used (set decision.mode: score, or decision.adapter_scope: all)"
+            )
         if config.decision.mode == "score" and not hasattr(backend, "score"):
             name = getattr(backend, "info", {}).get("backend", type(backend).__name__)
             raise ValueError(
@@ -119,25 +128,33 @@ class Decider:
         kind: str,
         names: list[str],
         prompts: list[list[dict]],
-        options: list[str],
+        options: list[str] | list[list[str]],
         features: list[list[str]],
     ) -> list[str | None]:
-        """One of ``options`` per agent (None: an unusable answer, for the caller to count). Generate
-        mode: a constrained choice (the features act through the prompt); score mode: scored, each
+        """One of the options per agent (None: an unusable answer, for the caller to count); ``options``
+        is one list for everyone or one list per agent. Generate mode: a constrained choice (one call per
+        distinct list; the features act through the prompt); score mode: scored in one call, each
         option's probability multiplied by its features' weights."""
-        if self.config.decision.mode == "generate":
-            answers = self.ask(kind, names, prompts, Constraint.choice(options))
-            return [a.strip() if a.strip() in options else None for a in answers]
-        rows = [i for i, n in enumerate(names) if not self.plays(n)]
-        scores = self.scores(kind, [prompts[i] for i in rows], [options] * len(rows))
+        each = options if options and isinstance(options[0], list) else [options] * len(names)
         out: list[str | None] = [None] * len(names)
+        if self.config.decision.mode == "generate":
+            for group in dict.fromkeys(tuple(o) for o in each):
+                rows = [i for i, o in enumerate(each) if tuple(o) == group]
+                answers = self.ask(
+                    kind, [names[i] for i in rows], [prompts[i] for i in rows], Constraint.choice(list(group))
+                )
+                for i, answer in zip(rows, answers, strict=True):
+                    out[i] = answer.strip() if answer.strip() in group else None
+            return out
+        rows = [i for i, n in enumerate(names) if not self.plays(n)]
+        scores = self.scores(kind, [prompts[i] for i in rows], [each[i] for i in rows])
         weight = self.config.features.weight
         for i, score in zip(rows, scores, strict=True):
-            out[i] = options[self.draw(score + np.log(priors(features[i], kind, options, weight)))]
+            out[i] = each[i][self.draw(score + np.log(priors(features[i], kind, each[i], weight)))]
         for i, name in enumerate(names):
             if self.plays(name):
-                answer = self.human.answer(kind, prompts[i], Constraint.choice(options)).strip()
-                out[i] = answer if answer in options else None
+                answer = self.human.answer(kind, prompts[i], Constraint.choice(each[i])).strip()
+                out[i] = answer if answer in each[i] else None
         return out
 
     def scores(self, kind: str, prompts: list[list[dict]], options: list[list[str]]) -> list[np.ndarray]:

@@ -8,9 +8,10 @@
   insight move to long-term. Beyond ``short_term_capacity`` the oldest record moves to long-term.
 - **Long-term**: retrieval of the top ``retrieve_top`` records by relevance to the current observation
   + recency + importance (each min-max normalised over the candidates: data_prep.prompt.rank_memories);
-  forgetting, each record with probability ``forget_scale`` x g(M), g(M) = 1 - (s + r)/2 * max(r^beta,
-  delta), where s and r are its importance and recency in (0, 1) (the paper makes the probability
-  proportional to g; the scale sets how long a record lives: ``python -m bench.sandbox_bench memory``);
+  forgetting, each record with probability ``forget_scale`` x g(M) (``history_forget_scale`` for the
+  real history's records), g(M) = 1 - (s + r)/2 * max(r^beta, delta), where s and r are its importance
+  and recency in (0, 1) (the paper makes the probability proportional to g; the scale sets how long a
+  record lives: ``python -m bench.sandbox_bench memory``);
   reflection, which asks the LLM for higher-level insights from the most important records and merges
   near-duplicates (cosine >= ``merge_similarity``: the more important one stays, absorbing the other's
   enhancements; records of the real history are distinct films and never merged).
@@ -266,15 +267,16 @@ class Memory:
         return chosen
 
     def forget(self, now: int) -> int:
-        """Forget each long-term record with probability forget_scale x g(M); returns how many."""
+        """Forget each long-term record with probability forget_scale (history_forget_scale for a history
+        record) x g(M); returns how many."""
         if not self.long:
             return 0
         # importance and recency are already in (0, 1]; the formula needs them strictly inside (0, 1)
         s = np.array([r.importance for r in self.long]).clip(1e-6, 1 - 1e-6)
         r = self.recency(self.long, now).clip(1e-6, 1 - 1e-6)
-        g = self.config.forget_scale * forget_probability(
-            s, r, self.config.forget_beta, self.config.forget_delta
-        )
+        history, other = self.config.history_forget_scale, self.config.forget_scale
+        scale = np.array([history if x.kind == "history" else other for x in self.long])
+        g = scale * forget_probability(s, r, self.config.forget_beta, self.config.forget_delta)
         keep = self.rng.random(len(self.long)) >= g
         forgotten = int((~keep).sum())
         self.long = [record for record, k in zip(self.long, keep, strict=True) if k]

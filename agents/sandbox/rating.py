@@ -54,6 +54,9 @@ class Rater:
         """past: the ratings before the start; decider: the world's (decide.py); config: SandboxConfig."""
         self.model, self.decider, self.config, self.movies = star_model(past), decider, config, movies
         self.counts = {"llm_asked": 0, "llm_unusable": 0}
+        self.validation_answers: dict[
+            str, float
+        ] = {}  # the LLM's stars for validation ratings (checkpointed)
 
     def validate(self, rows, data, embed, memory_model, rng: np.random.Generator) -> None:
         """Ask the LLM for these validation ratings (the star model's rows: id, user, film, moment,
@@ -72,7 +75,20 @@ class Rater:
             [0] * len(rows),
         )
         self.counts["llm_validation_unusable"] = sum(a is None for a in answers)
-        self.model.set_llm_validation({r[0]: a for r, a in zip(rows, answers, strict=True) if a is not None})
+        self.load({r[0]: a for r, a in zip(rows, answers, strict=True) if a is not None})
+
+    def load(self, answers: dict[str, float]) -> None:
+        """The LLM's validation stars (from validate, or a checkpoint): the blends compete on them."""
+        self.validation_answers = dict(answers)
+        if answers:
+            self.model.set_llm_validation(self.validation_answers)
+
+    def state(self) -> dict:
+        return {"validation_answers": self.validation_answers, "counts": dict(self.counts)}
+
+    def restore(self, state: dict) -> None:
+        self.counts = dict(state["counts"])
+        self.load(state["validation_answers"])
 
     def blends(self, moments: list[int]) -> bool:
         """Whether the blend rule uses the LLM's stars at any of these moments."""

@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -113,7 +114,9 @@ def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool =
 
         backend = load_llm(config.llm)
     if config.profile_prompt and fresh:
-        profiles, report = written_by_llm(profiles, backend, config.profile_prompt, rng, data.movies)
+        off = getattr(backend, "adapter_off", None)  # an adapter trained for choices does not write people
+        with off() if off and config.decision.adapter_scope == "watch" else nullcontext():
+            profiles, report = written_by_llm(profiles, backend, config.profile_prompt, rng, data.movies)
         write_json(out / "profiles_written.json", report)
         (out / "profiles.yaml").write_text(to_yaml(profiles))  # reusable as handcrafted profiles
         print(

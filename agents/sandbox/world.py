@@ -1,10 +1,11 @@
 """The sandbox world, round by round: agents with a profile, a memory and actions, a recommender and a
 social network, on a simulated clock that starts at ``config.start``.
 
-The world sees only the past of its start: the recommender trains on the ratings before it (and then
-on the simulated clicks), the pages show each film's ratings on the site so far, search reads the
-films' tags written before it, and a watched film's stars come from the review simulator's star model
-fitted on the ratings before it (rating.py). Data-aligned agents start with their users' real history
+The world sees only the past of its start: its catalogue is the films that existed then (rated before
+it, or released in an earlier year; films released during the simulated time are not added), the
+recommender trains on the ratings before it (and then on the simulated clicks), the pages show each
+film's ratings on the site so far, search reads the films' tags written before it, and a watched film's
+stars come from the review simulator's star model fitted on the ratings before it (rating.py). Data-aligned agents start with their users' real history
 (agent.py).
 
 Each round: every agent acts with its own probability (its activity level). An active agent first
@@ -45,7 +46,7 @@ from agents.sandbox.profiles import Profile
 from agents.sandbox.rating import Rater
 from agents.sandbox.recommender import Feed
 from agents.sandbox.social import activity_levels, levels_from_counts
-from data_prep.movielens import day, parse_moment
+from data_prep.movielens import day, existing_films, parse_moment
 from data_prep.prompt import build_sandbox_messages, observation, page_lines, watched_line
 from eval.fidelity import distinct, repeats_ngram, words
 
@@ -170,7 +171,9 @@ class World:
         for r in past:
             self.past_stars[r.movie] += r.stars
         self.site, self.site_stars = Counter(self.past_counts), Counter(self.past_stars)  # and in the run
-        self.catalogue = sorted(self.movies)  # search's corpus, indexed once, tags before the start
+        # the films of the start (rated before it, or released in an earlier year): what pages and search
+        # show; search's corpus, indexed once, with the tags written before the start
+        self.catalogue = existing_films(data, self.start)
         self.index = BM25([self.movies[i].text(tags_before=self.start) for i in self.catalogue])
         self.activity_fit: dict | None = None
         levels = self.levels(profiles, data)
@@ -186,7 +189,7 @@ class World:
                 -config.stars.llm_validation :
             ]
             self.rater.validate(rows, data, embed, self.model, rng)
-        self.feed = Feed(config.recommender, list(self.movies), rng)
+        self.feed = Feed(config.recommender, self.catalogue, rng)
         self.fitted_on: list[tuple[int, int]] = []  # the simulated clicks of the last retraining
         self.feed.train(self.history)
         self.round = 0
@@ -336,9 +339,14 @@ class World:
             for agent, query in searching:
                 name = agent.profile.name
                 seen[name] |= set(pages[name])
-                pages[name] = self.search(query, agent.seen() | seen[name])
-                shown.extend(pages[name])
-                self.log(events, name, "search", text=query, items=pages[name])
+                found = self.search(query, agent.seen() | seen[name])
+                self.log(events, name, "search", text=query, items=found)
+                if not found:  # nothing matches: the visit ends, counted
+                    self.counts["fallback:search_found_nothing"] += 1
+                    self.log(events, name, "leave", fallback=True, reason="the search found nothing")
+                    continue
+                pages[name] = found
+                shown.extend(found)
                 still.append(agent)
             visiting = [a for a in visiting if a in still]
 
@@ -466,12 +474,13 @@ class World:
             agent.inbox.append(f"{text} {feeling}".strip())
 
     def search(self, query: str, exclude: set[int]) -> list[int]:
-        """Items whose title, genres and tags match the query best (BM25 over the catalogue)."""
+        """The films whose title, genres and tags match the query best (BM25 over the catalogue of the
+        start); only films that match at all (an empty page when none does)."""
         scores = self.index.scores(query)
         blocked = [k for k, i in enumerate(self.catalogue) if i in exclude]
         scores[blocked] = -np.inf
-        size = min(self.config.recommender.page_size, len(self.catalogue) - len(blocked))
-        return [self.catalogue[k] for k in top_indices(scores, size)]
+        best = top_indices(scores, self.config.recommender.page_size)
+        return [self.catalogue[k] for k in best if scores[k] > 0]
 
     # -- the social network -------------------------------------------------------------------------------------
     def socialise(self, agents: list[Agent], events: list) -> None:
@@ -725,6 +734,7 @@ class World:
             "model_counts": dict(self.model.counts),
             "graph": {k: sorted(v) for k, v in self.graph.items()},
             "feed": {"fitted_on": self.fitted_on, "seed": getattr(self.feed.recommender, "seed", None)},
+            "stars": self.rater.state(),
             "agents": [
                 {
                     "profile": asdict(a.profile),
@@ -758,6 +768,7 @@ class World:
         # the recommender exactly as it was after its last fit: same clicks, same seed
         self.fitted_on = [tuple(c) for c in state["feed"]["fitted_on"]]
         self.feed.train(self.history + self.fitted_on, state["feed"]["seed"])
+        self.rater.restore(state["stars"])
         self.rng.bit_generator.state = state["rng"]
         for message in state.get("pending_broadcasts", []):  # heard in the next round
             self.broadcast(message)
