@@ -3,8 +3,8 @@ watch, page after page, what the user really watched next?
 
 For each tested user (eval.sandbox_cases: the same users as eval.discrimination and eval.alignment):
 the cutoff is their ``steps``-th last rating (ties by movie id), and their real next ``steps`` films are
-the truth. The configured recommender (``recommender.kind``, ``page_size``, ``rec_random_k``), trained
-on every rating older than the cutoff, shows ``steps`` pages one after another, as a visit's "next
+the truth. The configured recommender (``recommender.kind``, ``page_size``, ``rec_random_k``), over the films that
+existed at the cutoff and trained on every rating older than it, shows ``steps`` pages one after another, as a visit's "next
 page" does: each page the next films of its ranking for the user that were not shown before, with
 ``rec_random_k`` random unseen films injected; the user's films before the cutoff are never shown. The
 pages are the same for every method, and each method watches one film per page:
@@ -71,12 +71,13 @@ def make_cases(data, users: list[int], steps: int) -> list[dict]:
 def make_pages(data, cases: list[dict], config, steps: int, seed: int) -> None:
     """Each case's pages (case["pages"]) and MF scores at the cutoff (case["mf"]: film -> score)."""
     from agents.sandbox.recommender import Feed, MFRecommender
+    from data_prep.movielens import existing_films
 
-    items = list(data.movies)
     fits: dict[int, tuple] = {}
     for case in tqdm(cases, desc="pages (a recommender per cutoff)", leave=False):
         rng = np.random.default_rng([seed, case["user"]])
         if case["cutoff"] not in fits:
+            items = existing_films(data, case["cutoff"])  # the films of the cutoff: none released later
             clicks = [(r.user, r.movie) for r in data.ratings if r.ts < case["cutoff"]]
             feed = Feed(config.recommender, items, rng)
             feed.train(clicks)

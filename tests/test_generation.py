@@ -44,6 +44,7 @@ def test_pages_are_new_to_the_user_and_the_same_for_every_method(ml, cases):
         shown = [m for p in case["pages"] for m in p]
         before = {r.movie for r in ratings if r.ts < case["cutoff"]}
         assert len(shown) == len(set(shown)) == 4 * config.recommender.page_size and not set(shown) & before
+        assert set(shown) <= set(movielens.existing_films(ml, case["cutoff"]))  # no film released later
     for walk in (g.walk_random, g.walk_popularity, g.walk_mf):
         picks = walk(cases, data=ml, rng=np.random.default_rng(0))
         assert all(
