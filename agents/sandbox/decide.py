@@ -49,6 +49,9 @@ PROMPT_FEATURES = {
 }
 
 
+MESSAGE_KINDS = ("social", "chat", "post", "interview")  # calls that write words a person reads
+
+
 def priors(features: list[str], decision: str, options: list[str], weight: float) -> np.ndarray:
     """The factor each option's probability is multiplied by: ``weight`` for every one of the agent's
     features that names it."""
@@ -89,16 +92,18 @@ class Decider:
             return nullcontext()
         return off()
 
-    def sampling(self, max_new_tokens: int = 160) -> Sampling:
-        # a fresh seed per call from the run's generator: varied, and the same on a rerun
+    def sampling(self, kind: str, max_new_tokens: int = 160) -> Sampling:
+        """A fresh seed per call from the run's generator (varied, and the same on a rerun); the
+        decoding controls against loops (``text``) for the calls that write messages."""
         text = self.config.text
+        words = kind in MESSAGE_KINDS
         return Sampling(
             max_new_tokens,
             self.config.temperature,
             1.0,
             int(self.rng.integers(2**31 - 1)),
-            repetition_penalty=text.repetition_penalty,
-            no_repeat_ngram_size=text.no_repeat_ngram_size,
+            repetition_penalty=text.repetition_penalty if words else 1.0,
+            no_repeat_ngram_size=text.no_repeat_ngram_size if words else 0,
         )
 
     def ask(
@@ -109,7 +114,7 @@ class Decider:
         machine = [i for i, n in enumerate(names) if not self.plays(n)]
         if machine:
             with self.adapter(kind):
-                out = self.backend.generate([prompts[i] for i in machine], self.sampling(), constraint)
+                out = self.backend.generate([prompts[i] for i in machine], self.sampling(kind), constraint)
             for i, text in zip(machine, out, strict=True):
                 answers[i] = text
             self.counted(kind, len(machine))

@@ -276,9 +276,8 @@ def finish(out: Path, world: World, config) -> dict:
     fig.tight_layout()
     fig.savefig(out / "stats.png", dpi=110)
     plt.close(fig)
-    sampling = world.decider.sampling()
     asked = [
-        c for c in ("repetition_penalty", "no_repeat_ngram_size") if getattr(sampling, c) not in (1.0, 0)
+        c for c in ("repetition_penalty", "no_repeat_ngram_size") if getattr(config.text, c) not in (1.0, 0)
     ]
     controls = getattr(world.backend, "decoding_controls", ())
     summary = {
