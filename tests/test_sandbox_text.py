@@ -108,7 +108,7 @@ def test_the_sandbox_config_sets_the_controls_and_the_summary_says_which_applied
 
     from agents.sandbox.run import run
 
-    class NoControls(Scripted):
+    class NoControls(Looping):
         decoding_controls = ()
 
     backend = NoControls({})
@@ -121,4 +121,5 @@ def test_the_sandbox_config_sets_the_controls_and_the_summary_says_which_applied
     )  # fmt: skip
     summary = run(args, backend, embed)
     assert summary["decoding_controls"] == {"applied": [], "not_available": ["repetition_penalty"]}
-    assert any(s.repetition_penalty == 1.3 for s in sampled)
+    assert any(s.repetition_penalty == 1.3 for s in sampled)  # the calls that write messages
+    assert any(s.repetition_penalty == 1.0 for s in sampled)  # the others (the place, memories)
