@@ -3,20 +3,22 @@
 # AFTER, the CPU adapter on them (under an hour), then the three tests on the same 100 users, each with
 # the tuned rows. Every step resumes where it stopped when rerun. About 5 hours on 2 cores.
 #   bash bench/sandbox_tests.sh                      # ml-latest-small from ../shared
-#   DATA=path/to/ml-folder AFTER=2012-01-01 bash bench/sandbox_tests.sh
+#   DATA=path/to/ml-folder AFTER=2012-01-01 PAIRS=runs/pairs/other ADAPTER=runs/sandbox/sft/other OUT=runs/other \
+#       bash bench/sandbox_tests.sh
 set -euo pipefail
 DATA=${DATA:-../shared/data/raw/movielens_latest_small}
 AFTER=${AFTER:-2010-01-01}
 OUT=${OUT:-runs/sandbox_tests}
 PY=${PY:-.venv/bin/python}
 CONFIG=configs/sandbox/movielens.yaml
-PAIRS=$OUT/pairs
-ADAPTER=$OUT/adapter
+PAIRS=${PAIRS:-runs/pairs/choices}  # the recipe's folders; another DATA or AFTER wants its own
+ADAPTER=${ADAPTER:-runs/sandbox/sft/choice}
 # the pairs are rebuilt each time (4 minutes; the same files for the same DATA and AFTER). train.sft
-# resumes a stopped run, finishes a finished one at once, and refuses an adapter folder that was trained
-# on other pairs (its fingerprint), naming what changed
+# resumes a stopped run and refuses an adapter folder that was trained on other pairs (its fingerprint),
+# naming what changed; a finished adapter is kept as it is
 "$PY" -m data_prep.choice_pairs --data "$DATA" --out "$PAIRS" --before "$AFTER" --examples 6000
-"$PY" -m train.sft --config configs/sft/smollm2_choice_cpu.yaml --pairs "$PAIRS" --output_dir "$ADAPTER"
+[ -f "$ADAPTER/training_card.json" ] \
+    || "$PY" -m train.sft --config configs/sft/smollm2_choice_cpu.yaml --pairs "$PAIRS" --output_dir "$ADAPTER"
 "$PY" -m eval.discrimination --config "$CONFIG" --set "data=$DATA" --out "$OUT/discrimination" \
     --after "$AFTER" --adapter "$ADAPTER"
 "$PY" -m eval.generation --config "$CONFIG" --set "data=$DATA" --out "$OUT/generation" --after "$AFTER" \

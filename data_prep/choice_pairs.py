@@ -6,8 +6,8 @@
 Each pair is one real rating (user u, film f, moment t) strictly before ``--before``: the prompt is the
 page the sandbox's agent of u at t would see (its profile, the memories the page recalls, the page,
 the question: agents/sandbox/agent.py's watch_messages, built here from the same renderer), and the
-completion is f's title. The page is f among ``size - 1`` distractors (size 6 or 10, the discrimination
-test's pages): films u had not rated before ``--before`` that existed before t (rated by someone before
+completion is f's number on the page. The page is f among ``size - 1`` distractors (size 5, 6 or 10: the sandbox's pages
+and the discrimination test's): films u had not rated before ``--before`` that existed before t (rated by someone before
 t, or released in an earlier year: data_prep.movielens.existing_films), in a random order. Everything in a prompt is older than t: u's ratings, the counts and means the page shows, the
 films' tags.
 
@@ -54,7 +54,7 @@ from data_prep.prompt import (
 from data_prep.provenance import provenance
 
 DAY = 86400
-SIZES = (6, 10)
+SIZES = (5, 6, 10)  # the sandbox's pages (page_size 5 as shipped) and the discrimination test's
 WATCH_FEATURES = ("Watcher", "Explorer", "Critic")  # the features the choice of a film names
 
 
@@ -151,7 +151,7 @@ def make_examples(data, targets, before: int, options: dict, embed, rng) -> tupl
         examples.append(
             {
                 "prompt": build_sandbox_messages(person, shown, WATCH_INSTRUCTION, seen),
-                "completion": [{"role": "assistant", "content": data.movies[target.movie].title}],
+                "completion": [{"role": "assistant", "content": str(page.index(target.movie) + 1)}],
                 "example_id": f"{target.user}:{target.movie}:{target.ts}",
                 "user": target.user,
                 "date": movielens.iso(target.ts),  # train.sft's training_data.json: the latest target

@@ -210,7 +210,10 @@ FEATURE_TEXT = {
     "Chatter": "you enjoy private chats with friends and trust their tips",
     "Poster": "you like posting your opinions for all your friends to read",
 }
-WATCH_INSTRUCTION = "Which of these movies do you watch next? Answer with its title."
+# the answer is the film's number on the page: one token that carries the whole decision (what a tuned
+# model learns, and what score mode ranks); a title's first token would carry it diluted among the
+# tokens that only copy the rest of the title
+WATCH_INSTRUCTION = "Which of these movies do you watch next? Answer with its number."
 
 
 def describe_person(

@@ -17,7 +17,7 @@ Methods: ``random`` (chance is a / (a + b)); ``popularity`` (most rated before t
 last ten titles, a structured list of numbers); and the simulator's agents (eval.sandbox_cases's
 VARIANTS): each tested user's agent built as the sandbox builds it, at the cutoff, shown the candidates
 as a page and deciding as in the sandbox: ``agent-generate`` (a structured list of numbers),
-``agent-score`` (the candidates ranked by the score of their titles, the top a), ``tuned`` (the same
+``agent-score`` (the candidates ranked by the score of their numbers as the answer, the top a), ``tuned`` (the same
 with the LoRA adapter of ``--adapter``), and the memory ablations (no short-term, no long-term; no
 reflection is the full agent here: it decides at the cutoff, before any round has reflected). The score
 normalisation of each
@@ -370,15 +370,20 @@ def run(
         "users": test_users,
         "validation_users": val_users,
         "after": moment,
-        "adapter": fingerprint_adapter(adapter),
     }
     results_store = Results(out, inputs, overwrite)
+    digest = fingerprint_adapter(adapter)
+
+    def made_with(method: str) -> str | None:
+        """The adapter digest a method's result must have been made with (None: no adapter)."""
+        return digest if method in rows and rows[method][1] else None
+
     cases, skipped = cases_for(data, test_users, config.seed)
     validation, _ = cases_for(data, val_users, config.seed + 1)
     needs_llm = [
         m
         for m in wanted
-        if m not in ("random", "popularity", "embedding", "mf") and results_store.get(m) is None
+        if m not in ("random", "popularity", "embedding", "mf") and results_store.get(m, made_with(m)) is None
     ]
     if needs_llm and backend is None:
         from agents.llm import load_llm
@@ -396,7 +401,7 @@ def run(
         embed = Retriever(encoder or packaged_minilm("cpu", 64)).embed
     mf_cache: dict = {}
     for method in wanted:
-        if results_store.get(method) is not None:
+        if results_store.get(method, made_with(method)) is not None:
             print(f"{method}: done earlier, kept ({results_store.path(method)})")
             continue
         if method in rows:
@@ -418,6 +423,7 @@ def run(
                         counts=counts, cache=mf_cache,
                     )  # fmt: skip
                 value["settings"][key] = {**score(setting_cases, picks), **dict(counts)}
+        value["adapter_sha256"] = made_with(method)
         results_store.put(method, value)
         print(f"{method}: " + ", ".join(f"({k}) {v['p']:.2f}" for k, v in value["settings"].items()))
     results = {
@@ -436,7 +442,7 @@ def run(
             "users_without_enough_distractors": skipped[key],
         }
     for method in wanted:
-        value = results_store.get(method)
+        value = results_store.get(method, made_with(method))
         results["methods"][method] = {k: v for k, v in value.items() if k != "settings"}
         for key, cell in value["settings"].items():
             results["settings"][key][method] = cell

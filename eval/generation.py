@@ -240,13 +240,18 @@ def run(
         "users": users,
         "after": moment,
         "steps": steps,
-        "adapter": adapter_digest(adapter),
-        "rows": rows,
+        "rows": {name: overrides for name, (overrides, _) in rows.items()},
     }
     store = Results(out, inputs, overwrite)
+    digest = adapter_digest(adapter)
+
+    def made_with(method: str) -> str | None:
+        """The adapter digest a method's result must have been made with (None: no adapter)."""
+        return digest if method in rows and rows[method][1] else None
+
     cases = make_cases(data, users, steps)
     make_pages(data, cases, config, steps, config.seed)
-    todo = [m for m in wanted if m in rows and store.get(m) is None]
+    todo = [m for m in wanted if m in rows and store.get(m, made_with(m)) is None]
     if todo and backend is None:
         from agents.llm import load_llm
 
@@ -258,7 +263,7 @@ def run(
 
         embed = Retriever(packaged_minilm("cpu", 64)).embed
     for method in wanted:
-        if store.get(method) is not None:
+        if store.get(method, made_with(method)) is not None:
             print(f"{method}: done earlier, kept ({store.path(method)})")
             continue
         if method in rows:
@@ -278,6 +283,7 @@ def run(
             )
             value = score(cases, walks, steps)
         value["walks"] = walks
+        value["adapter_sha256"] = made_with(method)
         store.put(method, value)
         print(f"{method}: recall {value['recall']['mean']:.3f}, hit rate {value['hit_rate']['mean']:.3f}")
     results = {
@@ -289,7 +295,7 @@ def run(
         "recommender": as_dict(config)["recommender"],
         "ceiling_recall": ceiling(cases),
         "left_out": dict.fromkeys(left_out, "needs --adapter"),
-        "methods": {m: store.get(m) for m in wanted},
+        "methods": {m: store.get(m, made_with(m)) for m in wanted},
     }
     results["claims"] = claims(results, "tuned" if "tuned" in wanted else "agent-score")
     (out / "results.json").write_text(json.dumps(results, indent=1))

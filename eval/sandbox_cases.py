@@ -18,8 +18,8 @@ cutoff (its profile, its history in memory) and deciding through the sandbox's D
 to the untuned scoring agent otherwise.
 
 **Resuming.** Each method's result is written to OUT/methods/NAME.json as it finishes; a rerun skips
-those and refuses (naming what changed) when the inputs differ (data, users, config, adapter, code
-settings), unless --overwrite.
+those and refuses (naming what changed) when the inputs differ (data, users, config), unless
+--overwrite. A row on the adapter records the adapter's digest and is rerun when the adapter changes.
 """
 
 from __future__ import annotations
@@ -209,8 +209,8 @@ class AgentRow:
                         strict=True,
                     )
                 ]
-                titles = [[self.data.movies[m].title for m in page] for page in pages[start:end]]
-                for norm, values in self.decider.all_scores("watch", prompts, titles, wanted).items():
+                numbers = [[str(n) for n in range(1, len(page) + 1)] for page in pages[start:end]]
+                for norm, values in self.decider.all_scores("watch", prompts, numbers, wanted).items():
                     out[norm] += values
         return out
 
@@ -231,9 +231,14 @@ class Results:
     def path(self, method: str) -> Path:
         return self.folder / (method.replace("/", "__") + ".json")
 
-    def get(self, method: str) -> dict | None:
+    def get(self, method: str, adapter: str | None = None) -> dict | None:
+        """The method's stored result; for a row on an adapter (``adapter``: its digest), only when it
+        was made with that adapter (a retrained adapter reruns the tuned rows and keeps the others)."""
         path = self.path(method)
-        return json.loads(path.read_text()) if path.exists() else None
+        if not path.exists():
+            return None
+        value = json.loads(path.read_text())
+        return value if value.get("adapter_sha256") == adapter else None
 
     def put(self, method: str, value: dict) -> None:
         tmp = self.path(method).with_suffix(".tmp")

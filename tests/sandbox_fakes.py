@@ -75,3 +75,25 @@ class Scoring(Scripted):
     def score(self, conversations, options):
         self.scored.append((conversations, options))
         return [[(self.prefer(o), 1) for o in group] for group in options]
+
+
+def page_titles(conversation) -> dict[str, str]:
+    """A page prompt's films by their number: {"1": "Heat (1995)", ...} (the text up to the genres)."""
+    text = conversation[-1]["content"]
+    if "The recommender shows:\n" not in text:
+        return {}
+    lines = text.split("The recommender shows:\n")[1].split("\n\n")[0].splitlines()
+    return {line.split(". ", 1)[0]: line.split(". ", 1)[1].rsplit(" [", 1)[0] for line in lines}
+
+
+class PageScoring(Scoring):
+    """Scores a page's numbers by the film each stands for (``prefer`` of the film's line, title first);
+    other options as Scoring does."""
+
+    def score(self, conversations, options):
+        self.scored.append((conversations, options))
+        out = []
+        for conversation, group in zip(conversations, options, strict=True):
+            films = page_titles(conversation)
+            out.append([(self.prefer(films[o]) if o in films else self.prefer(o), 1) for o in group])
+        return out

@@ -35,7 +35,9 @@ def test_a_pair_prompt_is_the_page_prompt_the_sandbox_agent_sees(ml):
         (agent,) = agents_at(ml, [target.user], [target.ts], config, embed, LLMMemoryModel(None), rng)
         shown = example["prompt"][1]["content"].split("The recommender shows:\n")[1].split("\n\n# Task")[0]
         assert watch_messages(agent, shown, target.ts, 0) == example["prompt"]
-        assert example["completion"][0]["content"] == ml.movies[target.movie].title
+        assert example["completion"][0]["content"] == str(example["page"].index(target.movie) + 1)
+        line = shown.splitlines()[example["page"].index(target.movie)]
+        assert line.startswith(example["completion"][0]["content"] + ". " + ml.movies[target.movie].title)
         assert len(agent.memory.context("x", 0)) == min(6, len(agent.profile.history))
 
 
@@ -50,7 +52,7 @@ def test_nothing_in_a_pair_is_from_on_or_after_the_cutoff_date(ml):
         target = by_id[example["example_id"]]
         assert target.ts < before and parse_iso(example["date"]) == target.ts
         page = example["page"]
-        assert target.movie in page and len(page) in (6, 10) and len(set(page)) == len(page)
+        assert target.movie in page and len(page) in (5, 6, 10) and len(set(page)) == len(page)
         rated_before = {r.movie for r in ml.by_user()[target.user] if r.ts < before}
         assert not (set(page) - {target.movie}) & rated_before  # distractors: never rated by the user
         existed = set(movielens.existing_films(ml, target.ts))

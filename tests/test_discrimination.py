@@ -72,14 +72,23 @@ def test_the_bare_llm_picks_through_structured_numbers_and_unusable_answers_are_
 
 
 class ByLength:
-    """Scores favouring long titles per token and short ones in sum: the normalisation decides."""
+    """Scores favouring the numbers of starred films per token and the others in sum: the normalisation
+    decides."""
 
     def __init__(self):
         self.prompts = []
 
     def score(self, conversations, options):
+        from sandbox_fakes import page_titles
+
         self.prompts += conversations
-        return [[(-2.0, 4) if o.endswith("*") else (-1.5, 1) for o in group] for group in options]
+        out = []
+        for conversation, group in zip(conversations, options, strict=True):
+            films = page_titles(conversation)
+            out.append(
+                [(-2.0, 4) if films.get(o, "").split(" (")[0].endswith("*") else (-1.5, 1) for o in group]
+            )
+        return out
 
 
 def test_an_agent_row_is_built_at_each_cutoff_and_chooses_its_normalisation_on_validation(tmp_path):

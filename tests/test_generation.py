@@ -4,7 +4,7 @@ reflects every reflect_every rounds."""
 
 import numpy as np
 import pytest
-from sandbox_fakes import Scoring, embed
+from sandbox_fakes import PageScoring, embed
 
 from agents.sandbox.config import load_config
 from data_prep import movielens
@@ -70,8 +70,8 @@ def test_recall_hit_rate_and_the_ceiling_by_hand():
 
 
 def test_the_agent_walks_the_pages_picking_rating_and_remembering_each_film(ml, cases):
-    truth = {ml.movies[m].title for c in cases for m in c["next"]}
-    backend = Scoring(prefer=lambda o: -0.1 if o in truth else -5.0)
+    truth = {ml.movies[m].text(tags_before=c["cutoff"]) for c in cases for m in c["next"]}
+    backend = PageScoring(prefer=lambda line: -0.1 if line in truth else -5.0)
     row = AgentRow(
         "agent-score",
         ["decision.mode=score", "memory.reflect_every=2"],
@@ -96,4 +96,5 @@ def test_the_agent_walks_the_pages_picking_rating_and_remembering_each_film(ml, 
     assert any(ml.movies[walks[0][-1]].title in t for t in remembered)  # the last film is in memory
     prompts = [c for c, _ in backend.scored]
     last = "\n".join(m["content"] for m in prompts[-1][0])
-    assert "It is " in last and ml.movies[walks[0][0]].title in last  # a later page recalls an earlier watch
+    remembered = last.split("# What you remember")[1].split("# Now")[0]
+    assert "It is " in last and ml.movies[walks[0][-2]].title in remembered  # a later page recalls a watch

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from sandbox_fakes import Recording, Scoring, Scripted, embed
+from sandbox_fakes import PageScoring, Recording, Scoring, Scripted, embed
 
 from agents.llm import HFBackend, LLMConfig
 from agents.sandbox.config import load_config
@@ -150,11 +150,11 @@ def test_in_generate_mode_a_feature_is_named_only_in_the_decisions_it_bears_on(m
 
 
 def test_a_score_mode_round_watches_the_best_scored_film_and_features_tip_the_place(ml):
-    def favourite(option):
+    def favourite(option):  # a page's films by their line (title first), the other options by name
         places = {"recommender": -1.0, "social": -0.9, "watch": -0.2}
-        return -0.1 if option.endswith("(1995)") else places.get(option, -5.0)
+        return -0.1 if "(1995)" in option else places.get(option, -5.0)
 
-    backend = Scoring(prefer=favourite)
+    backend = PageScoring(prefer=favourite)
     overrides = ["decision.mode=score", "temperature=0", "features.weight=2", "features.sample_share=0"]
     w = world(ml, backend, [*overrides, "features.from_data=false"])
     events, stats = w.step()
@@ -168,5 +168,5 @@ def test_a_score_mode_round_watches_the_best_scored_film_and_features_tip_the_pl
     assert len(watches) == len(w.agents) and stats["watches"] == len(watches)
     for event in watches:
         titles = [ml.movies[m].title for m in pages[event["agent"]]]
-        best = next((t for t in titles if t.endswith("(1995)")), titles[0])
+        best = next((t for t in titles if "(1995)" in t), titles[0])
         assert ml.movies[event["item"]].title == best

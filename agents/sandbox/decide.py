@@ -7,9 +7,10 @@ Two modes (``decision.mode``):
 
 - ``generate``: constrained generation: a choice among fixed words, or a JSON schema.
 - ``score``: the options are ranked by the LLM's log-likelihood of each as the answer (the backend's
-  ``score``: one forward pass over the prompt, one over its options). A film's score is its title's
-  log-probability summed over its tokens (``sum``), per token (``mean``), or less its log-probability
-  after a prompt that says nothing about the agent or the page (``pmi``, the title's own prior removed).
+  ``score``: one forward pass over the prompt, one over its options). A film on a page is scored as the
+  answer of its number; an option's score is its log-probability summed over its tokens (``sum``), per
+  token (``mean``), or less its log-probability after a prompt that says nothing about the agent or the
+  page (``pmi``: the option's own prior removed, a number's position bias).
   The option is then drawn from the softmax of the scores at the run's temperature (the highest at 0).
 
 **Behaviour features act.** Each decision's prompt names only the features that bear on it
