@@ -110,18 +110,15 @@ def draw_targets(data, before: int, min_history: int, per_user: int, n: int, rng
     return eligible
 
 
-def make_examples(data, targets, before: int, options: dict, embed, rng) -> tuple[list[dict], Counter]:
-    popularity = data.popularity()
+def make_pages(data, targets, before: int, rng, sizes=SIZES) -> tuple[list[tuple], Counter]:
+    """Each target's page: its film among ``size - 1`` films the user had not rated before ``before``
+    that existed before the target's moment, in a random order. Returns (target, page) pairs and the
+    targets left out (too few such films), counted."""
     known_before = {u: {r.movie for r in rs if r.ts < before} for u, rs in data.by_user().items()}
-    existing: dict[int, list[int]] = {}  # per day: the films that existed (movielens.existing_films)
-    texts = sorted(
-        {m.text() for m in data.movies.values()}
-    )  # every film a memory can be about, embedded once
-    vectors = dict(zip(texts, np.asarray(embed(texts)), strict=True))
-    examples, counts = [], Counter()
-    pages = []
+    existing: dict[int, list[int]] = {}  # per moment: the films that existed (movielens.existing_films)
+    pages, counts = [], Counter()
     for target in tqdm(targets, desc="pages", unit=" pair"):
-        size = int(rng.choice(SIZES))
+        size = int(rng.choice(sizes))
         if target.ts not in existing:
             existing[target.ts] = movielens.existing_films(data, target.ts)
         pool = [m for m in existing[target.ts] if m not in known_before[target.user] and m != target.movie]
@@ -129,14 +126,24 @@ def make_examples(data, targets, before: int, options: dict, embed, rng) -> tupl
             counts["too_few_distractors"] += 1
             continue
         page = [target.movie, *(pool[i] for i in rng.choice(len(pool), size=size - 1, replace=False))]
-        page = [page[i] for i in rng.permutation(size)]
-        listing = page_lines(
-            page,
-            data.movies,
-            {m: (popularity.count(m, target.ts), popularity.mean(m, target.ts)) for m in page},
-            target.ts,
+        pages.append((target, [page[i] for i in rng.permutation(size)]))
+    return pages, counts
+
+
+def make_examples(data, targets, before: int, options: dict, embed, rng) -> tuple[list[dict], Counter]:
+    popularity = data.popularity()
+    texts = sorted(
+        {m.text() for m in data.movies.values()}
+    )  # every film a memory can be about, embedded once
+    vectors = dict(zip(texts, np.asarray(embed(texts)), strict=True))
+    examples = []
+    built, counts = make_pages(data, targets, before, rng)
+    pages = []
+    for target, page in built:
+        counted = {m: (popularity.count(m, target.ts), popularity.mean(m, target.ts)) for m in page}
+        pages.append(
+            (target, page, page_observation(target.ts, page_lines(page, data.movies, counted, target.ts)))
         )
-        pages.append((target, page, page_observation(target.ts, listing)))
     observed = embed([text for _, _, text in pages])
     for (target, page, seen), vector in zip(pages, observed, strict=True):
         now = movielens.user_at(data, target.user, target.ts)

@@ -166,8 +166,10 @@ def agents_for(cases, data, config, backend, embed, rng):
 
 
 def predict_agent_llm(cases, data, config, backend, embed, rng, counts, **_) -> list[list[float]]:
-    """The LLM's stars through each user's agent at the cutoff (rating.llm_stars)."""
-    from agents.sandbox.rating import llm_stars
+    """The LLM's stars through each user's agent at the cutoff (rating.py's prompt and choice), each film
+    asked of the agent as it stood at the cutoff (recalling refreshes memories: restored between)."""
+    from agents.sandbox.agent import rate_messages
+    from agents.sandbox.rating import STARS
 
     agents, decider, _ = agents_for(cases, data, config, backend, embed, rng)
     fallback = predict_user_mean_whole(cases, data)
@@ -175,10 +177,13 @@ def predict_agent_llm(cases, data, config, backend, embed, rng, counts, **_) -> 
     for agent, case, backup in tqdm(
         list(zip(agents, cases, fallback, strict=True)), desc="agent-llm", leave=False
     ):
-        films = [m for m, _ in case["held"]]
-        answers = llm_stars(
-            decider, [agent] * len(films), films, data.movies, [case["cutoff"]] * len(films), [0] * len(films)
-        )
+        start, prompts = agent.memory.to_json(), []
+        for film, _ in case["held"]:
+            agent.memory.load_json(start)
+            prompts.append(rate_messages(agent, data.movies[film], case["cutoff"], 0))
+        names = [agent.profile.name] * len(prompts)
+        chosen = decider.choose("rate", names, prompts, STARS, [agent.profile.features] * len(prompts))
+        answers = [float(c) if c is not None else None for c in chosen]
         counts["agent_fallbacks"] += sum(a is None for a in answers)
         out.append([a if a is not None else b for a, b in zip(answers, backup, strict=True)])
     return out

@@ -63,7 +63,8 @@ SETTINGS = ((1, 5), (3, 3), (3, 7), (1, 9))
 # The agent decides once, at the cutoff, before any round: reflection (every reflect_every rounds) has not
 # happened yet, so that ablation is the full agent here; eval.generation, where rounds pass, measures it.
 ABLATIONS_HERE = ("no-short-term", "no-long-term")
-BASELINES = ("random", "popularity", "embedding", "mf", "llm")
+BASELINES = ("random", "popularity", "embedding", "mf", "choice-model", "llm")
+CHOICE_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)  # the choice model's weight beside the LLM's score
 PAPER = {  # the paper's Table 3 (20 MovieLens-1M users, ChatGPT), for reference
     "Embedding (paper)": (0.25, 0.55, 0.45, 0.30),
     "RecSim (paper)": (0.25, 0.53, 0.37, 0.10),
@@ -219,12 +220,30 @@ def pick_llm(cases, a, data, backend, rng, counts, history_titles: int = 10, **_
     return parse_numbers(cases, answers, a, rng, counts)
 
 
+def model_scores(choice, data, cases: list[dict]) -> list[np.ndarray]:
+    """The fitted choice model's log-odds of each case's candidates, as of its cutoff."""
+    from agents.sandbox.choice import as_of, past_of
+
+    return [
+        choice.score(
+            past_of(data, c["user"], c["cutoff"]), c["candidates"], *as_of(data, c["candidates"], c["cutoff"])
+        )
+        for c in cases
+    ]
+
+
+def pick_choice_model(cases, a, data, choice, **_):
+    """The choice model alone (agents/sandbox/choice.py), fitted on real choices before --after."""
+    return top(cases, model_scores(choice, data, cases), a)
+
+
 METHODS = {
     "random": pick_random,
     "popularity": pick_popularity,
     "embedding": pick_embedding,
     "mf": pick_mf,
     "llm": pick_llm,
+    "choice-model": pick_choice_model,
 }
 
 
@@ -276,9 +295,10 @@ def score(cases, picks) -> dict:
     }
 
 
-def run_agent_row(row: AgentRow, cases: dict, validation: dict) -> dict:
-    """One agent row over the settings: a scoring row chooses its normalisation on the validation
-    users (best mean p over the settings) and reports the test users with it."""
+def run_agent_row(row: AgentRow, cases: dict, validation: dict, choice=None) -> dict:
+    """One agent row over the settings: a scoring row chooses its normalisation and the weight of the
+    fitted choice model on the validation users (best mean p over the settings; ties: the smaller
+    weight, then sum, mean, pmi) and reports the test users with them."""
     out = {"settings": {}}
     if row.config.decision.mode == "generate":
         for key, test_cases in cases.items():
@@ -286,20 +306,47 @@ def run_agent_row(row: AgentRow, cases: dict, validation: dict) -> dict:
             out["settings"][key] = score(test_cases, agent_numbers(row, test_cases, a))
         out["fallbacks"] = row.counts["fallbacks"]
         return out
-    chosen_on = {}
+    weights = CHOICE_WEIGHTS if choice is not None else (0.0,)
+
+    def combined(scored, model, norm, w):
+        return [llm + w * m for llm, m in zip(scored[norm], model, strict=True)]
+
+    options = [(w, norm) for w in weights for norm in NORMALISATIONS]
+    chosen_on: dict[str, dict] = {}
     for key, val_cases in validation.items():
         a = int(key.split(",")[0])
         scored = agent_scores(row, val_cases)
+        model = (
+            model_scores(choice, row.data, val_cases)
+            if choice is not None
+            else [0 * s for s in scored["sum"]]
+        )
         chosen_on[key] = {
-            n: float(hits(val_cases, top(val_cases, scored[n], a)).mean()) for n in NORMALISATIONS
+            f"{norm},{w:g}": float(
+                hits(val_cases, top(val_cases, combined(scored, model, norm, w), a)).mean()
+            )
+            for w, norm in options
         }
-    best = max(
-        NORMALISATIONS, key=lambda n: (np.mean([v[n] for v in chosen_on.values()]), -NORMALISATIONS.index(n))
+    best_w, best_norm = max(
+        options,
+        key=lambda o: (
+            np.mean([v[f"{o[1]},{o[0]:g}"] for v in chosen_on.values()]),
+            -o[0],
+            -NORMALISATIONS.index(o[1]),
+        ),
     )
     for key, test_cases in cases.items():
         a = int(key.split(",")[0])
-        out["settings"][key] = score(test_cases, top(test_cases, agent_scores(row, test_cases)[best], a))
-    out.update(normalisation=best, validation_p=chosen_on)
+        scored = agent_scores(row, test_cases)
+        model = (
+            model_scores(choice, row.data, test_cases)
+            if choice is not None
+            else [0 * s for s in scored["sum"]]
+        )
+        out["settings"][key] = score(
+            test_cases, top(test_cases, combined(scored, model, best_norm, best_w), a)
+        )
+    out.update(normalisation=best_norm, choice_weight=best_w, validation_p=chosen_on)
     return out
 
 
@@ -356,11 +403,7 @@ def run(
     rows = variants(adapter, ABLATIONS_HERE)
     methods = methods or [*BASELINES, *rows]
     wanted = [m for m in methods if m in BASELINES or m in rows]
-    left_out = [
-        m
-        for m in [*methods, *variants("adapter")]
-        if m not in wanted and m not in rows and m.startswith("tuned")
-    ]
+    left_out = [] if adapter else [m for m in variants("adapter", ABLATIONS_HERE) if m.startswith("tuned")]
     test_users, val_users = draw_users(
         data, moment, HORIZON, config.min_history, n_users, n_validation, config.seed
     )
@@ -383,7 +426,8 @@ def run(
     needs_llm = [
         m
         for m in wanted
-        if m not in ("random", "popularity", "embedding", "mf") and results_store.get(m, made_with(m)) is None
+        if m not in ("random", "popularity", "embedding", "mf", "choice-model")
+        and results_store.get(m, made_with(m)) is None
     ]
     if needs_llm and backend is None:
         from agents.llm import load_llm
@@ -394,11 +438,20 @@ def run(
         from eval.backends import packaged_minilm
 
         encoder = packaged_minilm("cpu", 64)
-    if embed is None and any(m in rows for m in needs_llm):
+    todo = [m for m in wanted if results_store.get(m, made_with(m)) is None]
+    scoring = [m for m in todo if m == "choice-model" or (m in rows and "decision.mode=score" in rows[m][0])]
+    if embed is None and (any(m in rows for m in needs_llm) or scoring):
         from agents.retrieval import Retriever
         from eval.backends import packaged_minilm
 
         embed = Retriever(encoder or packaged_minilm("cpu", 64)).embed
+    choice = None
+    if scoring:  # the choice model, fitted on real choices strictly before --after (its own generator)
+        from agents.sandbox.choice import fit_on_data
+
+        choice = fit_on_data(
+            data, moment, embed, np.random.default_rng([config.seed, 7]), config.decision.choice_pages
+        )
     mf_cache: dict = {}
     for method in wanted:
         if results_store.get(method, made_with(method)) is not None:
@@ -409,7 +462,7 @@ def run(
             row = AgentRow(
                 method, overrides, uses_adapter, config_path, set_overrides, data, backend, embed, config.seed
             )
-            value = run_agent_row(row, cases, validation)
+            value = run_agent_row(row, cases, validation, choice)
             value["counts"] = {k: v for k, v in row.counts.items() if k != "fallbacks"}
         else:
             value = {"settings": {}}
@@ -420,7 +473,7 @@ def run(
                 with adapter_context(backend, False):  # the bare LLM is the base model
                     picks = METHODS[method](
                         setting_cases, a, data=data, rng=method_rng, encoder=encoder, backend=backend, config=config,
-                        counts=counts, cache=mf_cache,
+                        counts=counts, cache=mf_cache, choice=choice,
                     )  # fmt: skip
                 value["settings"][key] = {**score(setting_cases, picks), **dict(counts)}
         value["adapter_sha256"] = made_with(method)
@@ -444,6 +497,11 @@ def run(
     for method in wanted:
         value = results_store.get(method, made_with(method))
         results["methods"][method] = {k: v for k, v in value.items() if k != "settings"}
+    if choice is not None:
+        results["choice_model"] = {
+            "fitted_before": movielens.day(moment),
+            "coefficients": choice.coefficients(),
+        }
         for key, cell in value["settings"].items():
             results["settings"][key][method] = cell
     subject = "tuned" if "tuned" in wanted else "agent-score"
@@ -475,7 +533,12 @@ def table(results: dict, methods: list[str]) -> str:
         for k in keys:
             r = results["settings"][k][method]
             cells.append(f"{r['p']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]")
-        note = results["methods"][method].get("normalisation")
+        chosen = results["methods"][method]
+        note = (
+            f"{chosen['normalisation']}, choice model x{chosen.get('choice_weight', 0):g}"
+            if "normalisation" in chosen
+            else ""
+        )
         lines.append(f"| {method}{f' ({note})' if note else ''} | " + " | ".join(cells) + " |")
     for method, why in results["left_out"].items():
         lines.append(f"| {method} | left out: {why} |" + " |" * (len(keys) - 1))

@@ -54,7 +54,7 @@ from eval.sandbox_cases import (
     variants,
 )
 
-BASELINES = ("random", "popularity", "mf")
+BASELINES = ("random", "popularity", "mf", "choice-model")
 DAY = 86400
 
 
@@ -119,13 +119,34 @@ def walk_mf(cases, data, **_) -> list[list[int]]:
     return out
 
 
-WALKS = {"random": walk_random, "popularity": walk_popularity, "mf": walk_mf}
+def walk_choice_model(cases, data, choice, **_) -> list[list[int]]:
+    """The fitted choice model alone (agents/sandbox/choice.py): the best film of each page for the
+    user's past before the cutoff."""
+    from agents.sandbox.choice import as_of, past_of
+
+    out = []
+    for case in cases:
+        past = past_of(data, case["user"], case["cutoff"])
+        out.append(
+            [p[int(np.argmax(choice.score(past, p, *as_of(data, p, case["cutoff"]))))] for p in case["pages"]]
+        )
+    return out
 
 
-def walk_agent(row: AgentRow, cases: list[dict], steps: int) -> list[list[int]]:
-    """The simulator's agents page by page: choose by score, rate, remember; forget and reflect every
-    ``reflect_every`` rounds."""
+WALKS = {
+    "random": walk_random,
+    "popularity": walk_popularity,
+    "mf": walk_mf,
+    "choice-model": walk_choice_model,
+}
+
+
+def walk_agent(row: AgentRow, cases: list[dict], steps: int, choice=None) -> list[list[int]]:
+    """The simulator's agents page by page: choose by score (with the fitted choice model's log-odds at
+    the row's ``decision.choice_weight``: the agent's past is its history and its watches so far), rate,
+    remember; forget and reflect every ``reflect_every`` rounds."""
     from agents.sandbox.agent import remember
+    from agents.sandbox.choice import Past, as_of
     from agents.sandbox.memory import reflect_all
     from agents.sandbox.rating import Rater
     from data_prep.movielens import day
@@ -141,6 +162,21 @@ def walk_agent(row: AgentRow, cases: list[dict], steps: int) -> list[list[int]]:
             clocks = [int(t + step * row.config.round_days * DAY) for t in cutoffs]
             pages = [c["pages"][step] for c in cases]
             scores = row.scores(agents, pages, cutoffs, clocks, [step] * len(cases), (norm,))[norm]
+            weight = row.config.decision.choice_weight
+            if weight and choice is not None:
+                scores = [
+                    s
+                    + weight
+                    * choice.score(
+                        Past(
+                            [m for m, _, _ in a.profile.history] + a.watched,
+                            [x for _, x, _ in a.profile.history] + [x for _, x, _ in a.rated],
+                        ),
+                        p,
+                        *as_of(row.data, p, t),
+                    )
+                    for s, a, p, t in zip(scores, agents, pages, cutoffs, strict=True)
+                ]
             picks = [
                 page[row.decider.draw(s)] for page, s in zip(pages, scores, strict=True)
             ]  # greedy: temperature 0
@@ -225,11 +261,13 @@ def run(
     moment = movielens.parse_moment(after, data)
     trained = check_adapter(adapter, moment, config)
     rows = {name: value for name, value in variants(adapter).items() if name != "agent-generate"}
-    if choices_from:  # each row's normalisation as the discrimination test chose it on validation users
+    if choices_from:  # each row's settings as the discrimination test chose them on validation users
         chosen = json.loads(Path(choices_from).read_text())["methods"]
         for name, (overrides, uses) in rows.items():
             if chosen.get(name, {}).get("normalisation"):
-                rows[name] = ([*overrides, f"decision.normalisation={chosen[name]['normalisation']}"], uses)
+                settings = [f"decision.normalisation={chosen[name]['normalisation']}"]
+                settings.append(f"decision.choice_weight={chosen[name].get('choice_weight', 0)}")
+                rows[name] = ([*overrides, *settings], uses)
     methods = methods or [*BASELINES, *rows]
     wanted = [m for m in methods if m in BASELINES or m in rows]
     left_out = [] if adapter else [m for m in variants("adapter") if m.startswith("tuned")]
@@ -252,6 +290,16 @@ def run(
     cases = make_cases(data, users, steps)
     make_pages(data, cases, config, steps, config.seed)
     todo = [m for m in wanted if m in rows and store.get(m, made_with(m)) is None]
+    choice = None
+    if any(m == "choice-model" or m in todo for m in wanted if store.get(m, made_with(m)) is None):
+        from agents.retrieval import Retriever
+        from agents.sandbox.choice import fit_on_data
+        from eval.backends import packaged_minilm
+
+        embed = embed or Retriever(packaged_minilm("cpu", 64)).embed
+        choice = fit_on_data(
+            data, moment, embed, np.random.default_rng([config.seed, 7]), config.decision.choice_pages
+        )
     if todo and backend is None:
         from agents.llm import load_llm
 
@@ -271,16 +319,16 @@ def run(
             row = AgentRow(
                 method, overrides, uses_adapter, config_path, set_overrides, data, backend, embed, config.seed
             )
-            walks = walk_agent(row, cases, steps)
+            walks = walk_agent(row, cases, steps, choice)
             value = {
                 **score(cases, walks, steps),
                 "counts": dict(row.counts),
                 "normalisation": row.config.decision.normalisation,
+                "choice_weight": row.config.decision.choice_weight,
             }
         else:
-            walks = WALKS[method](
-                cases, data=data, rng=np.random.default_rng([config.seed, list(WALKS).index(method)])
-            )
+            rng = np.random.default_rng([config.seed, list(WALKS).index(method)])
+            walks = WALKS[method](cases, data=data, rng=rng, choice=choice)
             value = score(cases, walks, steps)
         value["walks"] = walks
         value["adapter_sha256"] = made_with(method)

@@ -97,7 +97,7 @@ def test_an_agent_row_is_built_at_each_cutoff_and_chooses_its_normalisation_on_v
     from eval.sandbox_cases import AgentRow
 
     data = tiny()
-    for movie in (3, 4, 7):  # the held-out films get long titles: best per token, worst in sum
+    for movie in (3, 4, 7):  # the held-out films are starred: best per token, worst in sum
         data.movies[movie].title += " *"
     backend = ByLength()
     row = AgentRow("agent-score", ["decision.mode=score"], False, None, [], data, backend, embed, 0)
@@ -106,11 +106,8 @@ def test_an_agent_row_is_built_at_each_cutoff_and_chooses_its_normalisation_on_v
         "1,1": [{"user": 2, "cutoff": 40, "history": [5, 6], "held": [7], "candidates": [6, 7]}]
     }  # pmi: a tie, the first
     result = d.run_agent_row(row, cases, validation)
-    assert result["normalisation"] == "mean" and result["validation_p"]["1,1"] == {
-        "sum": 0.0,
-        "mean": 1.0,
-        "pmi": 0.0,
-    }
+    assert result["normalisation"] == "mean" and result["choice_weight"] == 0  # no choice model given
+    assert result["validation_p"]["1,1"] == {"sum,0": 0.0, "mean,0": 1.0, "pmi,0": 0.0}
     assert result["settings"]["1,1"]["p"] == 1.0
     (test_prompt,) = {
         "\n".join(m["content"] for m in p) for p in backend.prompts if "User 1" in p[0]["content"]

@@ -22,7 +22,12 @@ def ml(raw):
 class Looping(Scripted):
     """Everyone socialises and chats with their first contact; every message repeats itself."""
 
+    def __init__(self, places=None):
+        super().__init__(places or {})
+        self.asked = []
+
     def answer(self, conversation, constraint):
+        self.asked.append((conversation[-1]["content"], constraint))
         if constraint.kind == "choice":
             return "social" if "social" in constraint.options else constraint.options[0]
         if "action" in constraint.schema:
@@ -65,6 +70,10 @@ def test_the_template_states_each_speakers_latest_film_and_stars(ml):
             title, stars = films[-1]
             assert title in message and f"{stars:g} out of 5" in message
     assert w.counts["template_messages"] == sum(len(c["messages"]) for c in chats)
+    contact = [(p, c) for p, c in backend.asked if "Which contact do you chat with?" in p]
+    assert len(contact) == len(chats)  # the contact is a question of its own, answered among the names
+    for prompt, constraint in contact:
+        assert constraint.kind == "choice" and all(name in prompt for name in constraint.options)
     assert not any("say" in str(c) for c in backend.batches)  # no LLM call wrote a message
     assert template_message("post", []) == "Nothing watched lately."
 

@@ -85,6 +85,11 @@ class DecisionConfig:
     # with llm.adapter: the adapter scores the choice of a film only (what data_prep.choice_pairs trains
     # it for; the base model does the rest), or every call
     adapter_scope: str = Field("watch", pattern="^(watch|all)$")
+    # score mode: this many times the log-odds of a choice model fitted on real choices before the start
+    # (choice.py) is added to the LLM's score of each film (0: the LLM alone); the sandbox's tests choose
+    # it on validation users
+    choice_weight: float = Field(0.0, ge=0)
+    choice_pages: int = Field(3000, ge=100)  # the real choices (pages) it is fitted on
 
 
 @dataclass(config=STRICT)

@@ -40,6 +40,7 @@ import numpy as np
 from agents.llm import Constraint
 from agents.retrieval import BM25, top_indices
 from agents.sandbox.agent import DAY, Agent, remember, start_agents, watch_messages
+from agents.sandbox.choice import Past, as_of, fit_on_data
 from agents.sandbox.decide import PROMPT_FEATURES, Decider
 from agents.sandbox.memory import LLMMemoryModel, Memory, reflect_all
 from agents.sandbox.profiles import Profile
@@ -193,6 +194,12 @@ class World:
         self.fitted_on: list[tuple[int, int]] = []  # the simulated clicks of the last retraining
         self.feed.train(self.history)
         self.round = 0
+        self.choice = None
+        if config.decision.mode == "score" and config.decision.choice_weight > 0:  # its own generator
+            self.choice = fit_on_data(
+                data, self.start, embed, np.random.default_rng([config.seed, 7]), config.decision.choice_pages
+            )
+            self.recent_past = as_of(data, self.catalogue, self.start)[1]
 
     def levels(self, profiles: list[Profile], data) -> np.ndarray:
         """Activity levels: a data-aligned agent's from its user's count before the start through the
@@ -444,10 +451,11 @@ class World:
         ]
         out: list[int | None] = [None] * len(agents)
         machine = [k for k, a in enumerate(agents) if not self.decider.plays(a.profile.name)]
-        titles = [[self.movies[m].title for m in pages[k]] for k in machine]
-        for k, scores in zip(
-            machine, self.decider.scores("watch", [prompts[k] for k in machine], titles), strict=True
-        ):
+        numbers = [[str(n) for n in range(1, len(pages[k]) + 1)] for k in machine]  # a film: its number
+        scored = self.decider.scores("watch", [prompts[k] for k in machine], numbers)
+        for k, scores in zip(machine, scored, strict=True):
+            if self.choice is not None:  # the fitted choice model's log-odds, weighted
+                scores = scores + self.config.decision.choice_weight * self.choice_scores(agents[k], pages[k])
             out[k] = pages[k][self.decider.draw(scores)]
         for k, agent in enumerate(agents):
             if self.decider.plays(agent.profile.name):
@@ -455,6 +463,19 @@ class World:
                 answer = self.decider.human.answer("watch", prompts[k], Constraint.choice(numbers)).strip()
                 out[k] = pages[k][int(answer) - 1] if answer in numbers else None
         return out
+
+    def choice_scores(self, agent: Agent, page: list[int]) -> np.ndarray:
+        """The choice model's log-odds of a page's films for this agent: its real history and its
+        watches in the run; the site's counts (before the start and in the run)."""
+        past = Past(
+            [m for m, _, _ in agent.profile.history] + agent.watched,
+            [s for _, s, _ in agent.profile.history] + [s for _, s, _ in agent.rated],
+        )
+        counts = {
+            m: (self.site[m], self.site_stars[m] / self.site[m] if self.site[m] else None) for m in page
+        }
+        recent = {m: self.recent_past.get(m, 0) + self.site[m] - self.past_counts[m] for m in page}
+        return self.choice.score(past, page, counts, recent, int(day(self.now)[:4]))
 
     def watch(self, watching: list[tuple[Agent, int, str]], events: list) -> None:
         """The films watched at this step, rated in one batch (rating.py), into each agent's log and
@@ -558,18 +579,24 @@ class World:
         ]
         actions = self.decider.choose("social", names, prompts, ["chat", "post"], self.features(agents))
         chats, posts = [], []
-        chatting = [(a, p) for a, p, act in zip(agents, prompts, actions, strict=True) if act == "chat"]
-        partners = []
-        for agent, prompt in chatting:  # each its own contacts: one call per chatting agent's options
-            partners += self.decider.choose(
-                "contact", [agent.profile.name], [prompt], contacts[agent.profile.name], [[]]
+        chatting = [a for a, act in zip(agents, actions, strict=True) if act == "chat"]
+        asked = [  # the contact: a question of its own, every chatting agent's in one call
+            self.prompt(
+                a,
+                "social",
+                "Which contact do you chat with? Answer with their name.",
+                self.social_context(a, contacts[a.profile.name]),
             )
-        openings = self.words(
-            "open",
-            [a for a, _ in chatting],
-            [f"Write your opening line to {p} about a film you watched." for p in partners],
+            for a in chatting
+        ]
+        options = [contacts[a.profile.name] for a in chatting]
+        partners = self.decider.choose(
+            "contact", [a.profile.name for a in chatting], asked, options, [[]] * len(chatting)
         )
-        for (agent, _), partner, opening in zip(chatting, partners, openings, strict=True):
+        openings = self.words(
+            "open", chatting, [f"Write your opening line to {p} about a film you watched." for p in partners]
+        )
+        for agent, partner, opening in zip(chatting, partners, openings, strict=True):
             if partner is None or opening is None:
                 self.counts["fallback:social"] += 1
                 self.log(events, agent.profile.name, "nothing", fallback=True)
