@@ -335,6 +335,12 @@ def run_agent_row(row: AgentRow, cases: dict, validation: dict, choice=None) -> 
             -NORMALISATIONS.index(o[1]),
         ),
     )
+    # the LLM's scores alone (weight 0, its own normalisation chosen on validation): what the LLM adds
+    alone_norm = max(
+        NORMALISATIONS,
+        key=lambda n: (np.mean([v[f"{n},0"] for v in chosen_on.values()]), -NORMALISATIONS.index(n)),
+    )
+    out["llm_alone"] = {"normalisation": alone_norm, "settings": {}}
     for key, test_cases in cases.items():
         a = int(key.split(",")[0])
         scored = agent_scores(row, test_cases)
@@ -346,6 +352,8 @@ def run_agent_row(row: AgentRow, cases: dict, validation: dict, choice=None) -> 
         out["settings"][key] = score(
             test_cases, top(test_cases, combined(scored, model, best_norm, best_w), a)
         )
+        alone = score(test_cases, top(test_cases, scored[alone_norm], a))
+        out["llm_alone"]["settings"][key] = {k: alone[k] for k in ("p", "ci95", "users")}
     out.update(normalisation=best_norm, choice_weight=best_w, validation_p=chosen_on)
     return out
 
@@ -476,6 +484,9 @@ def run(
                         counts=counts, cache=mf_cache, choice=choice,
                     )  # fmt: skip
                 value["settings"][key] = {**score(setting_cases, picks), **dict(counts)}
+        if method == "choice-model":  # kept with the row, so a resumed run still reports them
+            value["fitted_before"] = movielens.day(moment)
+            value["coefficients"] = choice.coefficients()
         value["adapter_sha256"] = made_with(method)
         results_store.put(method, value)
         print(f"{method}: " + ", ".join(f"({k}) {v['p']:.2f}" for k, v in value["settings"].items()))
@@ -497,11 +508,6 @@ def run(
     for method in wanted:
         value = results_store.get(method, made_with(method))
         results["methods"][method] = {k: v for k, v in value.items() if k != "settings"}
-    if choice is not None:
-        results["choice_model"] = {
-            "fitted_before": movielens.day(moment),
-            "coefficients": choice.coefficients(),
-        }
         for key, cell in value["settings"].items():
             results["settings"][key][method] = cell
     subject = "tuned" if "tuned" in wanted else "agent-score"
@@ -540,6 +546,15 @@ def table(results: dict, methods: list[str]) -> str:
             else ""
         )
         lines.append(f"| {method}{f' ({note})' if note else ''} | " + " | ".join(cells) + " |")
+        alone = chosen.get("llm_alone")
+        if alone and chosen.get("choice_weight", 0):
+            cells = [
+                f"{c['p']:.2f} [{c['ci95'][0]:.2f}, {c['ci95'][1]:.2f}]"
+                for c in (alone["settings"][k] for k in keys)
+            ]
+            lines.append(
+                f"| {method}, its LLM alone ({alone['normalisation']}) | " + " | ".join(cells) + " |"
+            )
     for method, why in results["left_out"].items():
         lines.append(f"| {method} | left out: {why} |" + " |" * (len(keys) - 1))
     for name, values in PAPER.items():

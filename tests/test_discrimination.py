@@ -129,3 +129,20 @@ def test_claims_are_paired_and_bonferroni_corrected_over_the_claims_made():
     assert len(claims) == 4 and {c["confidence"] for c in claims} == {1 - 0.05 / 4}
     tuned, pop = np.array(settings["1,5"]["tuned"]["hits"]), np.array(settings["1,5"]["popularity"]["hits"])
     assert claims[0]["difference"] == pytest.approx((tuned - pop).mean(), abs=1e-4)
+
+
+def test_a_run_writes_every_row_to_its_table_and_a_rerun_keeps_them(raw, tmp_path, capsys):
+    config = "configs/sandbox/movielens.yaml"
+    data = [f"data={raw / 'movielens_latest_small'}"]
+    args = (config, data, tmp_path, 6, 3, "2010-01-01", ["random", "popularity"])
+    results = d.run(*args)
+    for key in ("1,5", "3,3", "3,7", "1,9"):
+        assert results["settings"][key]["random"]["users"] == 6
+        assert results["settings"][key]["popularity"]["users"] == 6
+    table = (tmp_path / "table.md").read_text()
+    assert "| random |" in table and "| popularity |" in table
+    assert "| tuned | left out: needs --adapter |" in table  # no adapter: the tuned rows say so
+    capsys.readouterr()
+    again = d.run(*args)
+    assert "popularity: done earlier, kept" in capsys.readouterr().out
+    assert again["settings"] == results["settings"]
