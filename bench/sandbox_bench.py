@@ -26,8 +26,8 @@ are gone, for fresh records of three importances and for a history record a year
 ``forget_scale`` (the history's scale a tenth of it, as shipped).
 
 ``score``: one page decision of the shipped config's agents (the real offline model, greedy) made by
-generation (the page step's JSON answer) and by score (the film's title scored), side by side, on the
-same pages of 6 and 10 films: seconds per decision and per candidate.
+generation (the page step's JSON answer) and by score (each film's number on the page scored), side by
+side, on the same pages of 6 and 10 films: seconds per decision and per candidate.
 
 ``cocoon``: information cocoons. The shipped config's world with the trained MF, retrained on the
 simulated clicks every round, run with no random injection and with ``--inject`` random items per page,
@@ -406,7 +406,7 @@ def score_cost(args) -> dict:
         decider.ask("recommender", [a.profile.name for a in agents], prompts, step_schema(size))
         generated = time.perf_counter() - start
         start = time.perf_counter()
-        decider.scores("watch", prompts, [[data.movies[m].title for m in p] for p in pages])
+        decider.scores("watch", prompts, [[str(n) for n in range(1, len(p) + 1)] for p in pages])  # numbers
         scored = time.perf_counter() - start
         row = {
             "films_per_page": size,

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+
 URL = "https://files.grouplens.org/datasets/movielens/ml-latest-small.zip"
 FILES = ("movies.csv", "ratings.csv", "tags.csv", "links.csv", "README.txt")
 NO_GENRE = "(no genres listed)"
@@ -115,6 +117,7 @@ class MovieLens:
     _times: dict[int, list[int]] | None = None
     _popularity: Popularity | None = None
     _first: dict[int, int] | None = None
+    _thresholds: dict[int, Thresholds] = field(default_factory=dict)
 
     def by_user(self) -> dict[int, list[Rating]]:
         """Each user's ratings in time order (ties by movie id); built once."""
@@ -187,8 +190,10 @@ def load(folder: str | Path) -> MovieLens:
                 if movie_id not in movies:
                     reject("tags.csv", line, "unknown_movie", row)
                     continue
-                if tag:
-                    tags.append((ts, movie_id, tag))
+                if not tag:
+                    reject("tags.csv", line, "empty_tag", row)
+                    continue
+                tags.append((ts, movie_id, tag))
         for ts, movie_id, tag in sorted(tags):  # each distinct text at the first time it was written
             if all(t.text != tag for t in movies[movie_id].tags):
                 movies[movie_id].tags.append(Tag(tag, ts))
@@ -237,11 +242,22 @@ def parse_moment(value: str | int | None, data: MovieLens) -> int:
 
 # -- a user at a moment ----------------------------------------------------------------------------------
 
-# Behaviour features the data shows, with thresholds at the top (bottom) third of ml-latest-small's 610
-# users over their whole history: 128 ratings, 3.61 bits of genre entropy, a mean of 3.47 stars.
-WATCHER_MIN_RATINGS = 128
-EXPLORER_MIN_ENTROPY = 3.61
-CRITIC_MAX_MEAN = 3.47
+# Behaviour features the data shows: a Watcher's count of ratings and an Explorer's genre entropy are in
+# the top third of the users who had rated something by then, a Critic's mean stars in the bottom third.
+# "By then" is the start of the moment's year (UTC): thresholds from the past only, the same for every
+# moment of a year (so a choice pair at t and the sandbox's agent at t agree), computed once per year.
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """The feature thresholds among the users with a rating strictly before ``before`` (``users`` of
+    them; with none, no user shows a feature)."""
+
+    before: int
+    users: int
+    watcher_min_ratings: float
+    explorer_min_entropy: float
+    critic_max_mean: float
 
 
 @dataclass
@@ -267,16 +283,47 @@ def entropy(counts: Counter) -> float:
     return -sum(c / total * math.log2(c / total) for c in counts.values()) if total else 0.0
 
 
-def data_features(n: int, genre_entropy: float, mean_stars: float | None) -> list[str]:
-    """Watcher: rates a lot (at least WATCHER_MIN_RATINGS); Explorer: rates widely across genres (entropy
-    at least EXPLORER_MIN_ENTROPY); Critic: rates low (mean at most CRITIC_MAX_MEAN). MovieLens has no
-    chats or posts: Chatter and Poster are the sandbox's to sample."""
+def year_start(t: int) -> int:
+    """The first second (UTC) of the year of ``t``."""
+    return int(datetime(datetime.fromtimestamp(t, UTC).year, 1, 1, tzinfo=UTC).timestamp())
+
+
+def thresholds(data: MovieLens, at: int) -> Thresholds:
+    """The feature thresholds for a moment ``at``: tertiles over every user's ratings strictly before the
+    start of its year (cached per year on ``data``)."""
+    before = year_start(at)
+    cache = data._thresholds
+    if before not in cache:
+        histories = [[r for r in rs if r.ts < before] for rs in data.by_user().values()]
+        histories = [h for h in histories if h]
+        if not histories:
+            cache[before] = Thresholds(before, 0, math.inf, math.inf, -math.inf)
+        else:
+            counts = [len(h) for h in histories]
+            breadth = [entropy(genre_counts(h, data.movies)) for h in histories]
+            means = [sum(r.stars for r in h) / len(h) for h in histories]
+            top, bottom = 2 / 3, 1 / 3
+            cache[before] = Thresholds(
+                before,
+                len(histories),
+                float(np.quantile(counts, top)),
+                float(np.quantile(breadth, top)),
+                float(np.quantile(means, bottom)),
+            )
+    return cache[before]
+
+
+def data_features(n: int, genre_entropy: float, mean_stars: float | None, limits: Thresholds) -> list[str]:
+    """Watcher: rates a lot (at least ``limits.watcher_min_ratings``); Explorer: rates widely across
+    genres (entropy at least ``explorer_min_entropy``); Critic: rates low (mean at most
+    ``critic_max_mean``). MovieLens has no chats or posts: Chatter and Poster are the sandbox's to
+    sample."""
     out = []
-    if n >= WATCHER_MIN_RATINGS:
+    if n >= limits.watcher_min_ratings:
         out.append("Watcher")
-    if n and genre_entropy >= EXPLORER_MIN_ENTROPY:
+    if n and genre_entropy >= limits.explorer_min_entropy:
         out.append("Explorer")
-    if mean_stars is not None and mean_stars <= CRITIC_MAX_MEAN:
+    if mean_stars is not None and mean_stars <= limits.critic_max_mean:
         out.append("Critic")
     return out
 
@@ -301,8 +348,9 @@ def user_at(data: MovieLens, user: int, at: int, liked: float = 4.0, top: int = 
     dislikes = [g for _, g in low if g not in interests][:top]
     breadth = entropy(genre_counts(history, movies))
     return UserAt(
-        user, at, history, interests, dislikes, mean, breadth, data_features(len(history), breadth, mean)
-    )
+        user, at, history, interests, dislikes, mean, breadth,
+        data_features(len(history), breadth, mean, thresholds(data, at)),
+    )  # fmt: skip
 
 
 def history_importance(stars: float, mean: float | None) -> float:

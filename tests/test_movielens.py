@@ -74,8 +74,7 @@ def test_a_user_at_a_moment_shows_taste_and_features_from_the_older_ratings_only
         5,
     ]  # film 6 is rated at the moment itself: not older
     assert now.interests == ["Drama"] and now.dislikes == ["Horror"] and now.mean_stars == 2.8
-    assert now.features == ["Critic"]  # few ratings, two genres, a mean of 2.8
-    assert data_features(200, 3.7, 4.0) == ["Watcher", "Explorer"]
+    assert now.features == []  # no one had rated anything before the moment's year: no thresholds
     assert history_importance(2.8, 2.8) == 0.5 and history_importance(5.0, 2.8) == 1.0
     assert history_importance(3.8, 2.8) == pytest.approx(0.75)
 
@@ -90,3 +89,25 @@ def test_the_real_sample_loads_with_its_one_bad_row_kept_aside(raw):
     assert tagged and all(np.all(np.diff([t.ts for t in m.tags]) >= 0) for m in tagged)
     first = min(t.ts for m in tagged for t in m.tags)
     assert all("tags:" not in m.text(tags_before=first) for m in tagged)  # nothing before the first tag
+
+
+def test_feature_thresholds_are_tertiles_of_the_users_before_the_moments_year():
+    from data_prep.movielens import thresholds
+
+    year = 365 * 86400  # 1971-01-01
+    genres = ["Drama", "Horror", "Comedy", "Drama"]
+    movies = {i: Movie(i, f"M{i}", [genres[i % 4]]) for i in range(8)}
+    past = [  # users 2-5 in 1970: 1-4 ratings, genre entropy 0, 0, 0.92 (2:1), 1.5 bits, means 1, 2, 3, 4
+        (2, 0, 1.0), (3, 0, 2.0), (3, 4, 2.0), (4, 0, 3.0), (4, 1, 3.0), (4, 4, 3.0),
+        (5, 0, 4.0), (5, 1, 4.0), (5, 2, 4.0), (5, 3, 4.0),
+    ]  # fmt: skip
+    ratings = [Rating(u, m, s, 10 + i) for i, (u, m, s) in enumerate(past)]
+    ratings += [Rating(1, m, 2.0, year + 10 + m) for m in (0, 1, 4)]  # user 1 in 1971: 3, 2:1, mean 2
+    ratings += [Rating(2, m, 5.0, year + 20 + m) for m in range(8)]  # 1971: not before the year's start
+    data = MovieLens(movies, ratings, [], None)
+    limits = thresholds(data, year + 100)
+    assert (limits.users, limits.watcher_min_ratings, limits.critic_max_mean) == (4, 3.0, 2.0)
+    assert limits.explorer_min_entropy == pytest.approx(-(2 / 3) * np.log2(2 / 3) - (1 / 3) * np.log2(1 / 3))
+    assert user_at(data, 1, year + 100).features == ["Watcher", "Explorer", "Critic"]
+    assert data_features(2, 0.9, 2.5, limits) == []
+    assert thresholds(data, year - 1).users == 0  # 1970: no one before it

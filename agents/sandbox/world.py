@@ -461,7 +461,10 @@ class World:
             if self.decider.plays(agent.profile.name):
                 numbers = [str(n) for n in range(1, len(pages[k]) + 1)]
                 answer = self.decider.human.answer("watch", prompts[k], Constraint.choice(numbers)).strip()
-                out[k] = pages[k][int(answer) - 1] if answer in numbers else None
+                if answer in numbers:
+                    out[k] = pages[k][int(answer) - 1]
+                else:  # the caller falls back; counted here, as the generate path counts it
+                    self.counts["fallback:recommender"] += 1
         return out
 
     def choice_scores(self, agent: Agent, page: list[int]) -> np.ndarray:
