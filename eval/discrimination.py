@@ -496,7 +496,11 @@ def run(
         "after": movielens.day(moment),
         "seed": config.seed,
         "adapter": trained,
-        "left_out": dict.fromkeys(left_out, "needs --adapter"),
+        "left_out": {
+            **dict.fromkeys(left_out, "needs --adapter"),
+            f"{'tuned' if adapter else 'agent-score'}/no-reflection": "the same as the full agent here: it "
+            "decides at its cutoff, before any reflection (eval.generation measures it)",
+        },
         "settings": {},
         "methods": {},
     }
