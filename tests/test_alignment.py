@@ -123,3 +123,12 @@ def test_the_agent_rates_with_the_star_model_as_of_the_cutoff_and_asks_no_llm_wi
         counts["llm_validation_rows"] == 0
         and sum(v for k, v in counts.items() if k.startswith("source:")) == 2
     )
+
+
+def test_a_run_writes_its_table_with_the_note_on_the_tuned_row(raw, tmp_path):
+    config = "configs/sandbox/movielens.yaml"
+    data = [f"data={raw / 'movielens_latest_small'}"]
+    results = al.run(config, data, tmp_path, 5, 2, "2010-01-01", 5, ["user_mean", "user_mean_whole"])
+    assert results["ratings"] == 25 and set(results["scores"]["methods"]) == {"user_mean", "user_mean_whole"}
+    table = (tmp_path / "table.md").read_text()
+    assert "| user_mean |" in table and al.NO_TUNED_ROW in table

@@ -98,3 +98,19 @@ def test_the_agent_walks_the_pages_picking_rating_and_remembering_each_film(ml, 
     last = "\n".join(m["content"] for m in prompts[-1][0])
     remembered = last.split("# What you remember")[1].split("# Now")[0]
     assert "It is " in last and ml.movies[walks[0][-2]].title in remembered  # a later page recalls a watch
+
+
+def test_a_run_writes_its_table_and_a_rerun_keeps_each_method(raw, tmp_path, capsys):
+    config = "configs/sandbox/movielens.yaml"
+    data = [f"data={raw / 'movielens_latest_small'}"]
+    args = (config, data, tmp_path, 4, 2, "2010-01-01", 2, ["random", "popularity"])
+    results = g.run(*args)
+    assert set(results["methods"]) == {"random", "popularity"}
+    assert all(r["users"] == 4 and len(r["walks"]) == 4 for r in results["methods"].values())
+    assert all(len(w) == 2 for r in results["methods"].values() for w in r["walks"])
+    table = (tmp_path / "table.md").read_text()
+    assert "| popularity |" in table and "| tuned | left out: needs --adapter | |" in table
+    capsys.readouterr()
+    again = g.run(*args)
+    assert "random: done earlier, kept" in capsys.readouterr().out
+    assert again["methods"] == results["methods"]
