@@ -53,6 +53,18 @@ def test_fitted_before_a_moment_it_beats_chance_on_later_real_choices(ml):
     assert later and np.mean(hits) > 0.2  # chance is 0.1
 
 
+def test_the_fit_reads_nothing_from_after_its_moment(ml):
+    from dataclasses import replace
+
+    before = movielens.parse_moment("2005-01-01", ml)
+    model = fit_on_data(ml, before, embed, np.random.default_rng(0), pages=200)
+    tags = {m.id: [t for t in m.tags if t.ts < before] for m in ml.movies.values()}
+    movies = {i: replace(m, tags=tags[i]) for i, m in ml.movies.items()}  # later ratings and tags gone
+    past_only = movielens.MovieLens(movies, [r for r in ml.ratings if r.ts < before], [], None)
+    again = fit_on_data(past_only, before, embed, np.random.default_rng(0), pages=200)
+    assert again.coefficients() == model.coefficients()
+
+
 def test_score_mode_adds_the_weighted_choice_model_to_the_llms_scores(ml):
     backend = PageScoring(prefer=lambda o: -0.1 if o in ("recommender", "watch") else -5.0)  # films all equal
     config = load_config(
