@@ -53,6 +53,7 @@ from eval.sandbox_cases import (
     Results,
     adapter_context,
     check_adapter,
+    config_read,
     data_digest,
     draw_users,
     page_text,
@@ -401,7 +402,7 @@ def run(
     config_path, set_overrides, out: Path, n_users: int, n_validation: int, after: str, methods: list[str],
     adapter: str | None = None, backend=None, encoder=None, embed=None, overwrite: bool = False,
 ) -> dict:  # fmt: skip
-    from agents.sandbox.config import as_dict, load_config
+    from agents.sandbox.config import load_config
     from data_prep import movielens
 
     config = load_config(config_path, [*set_overrides, "temperature=0"])
@@ -417,7 +418,7 @@ def run(
     )
     inputs = {
         "data": data_digest(config.data),
-        "config": as_dict(config),
+        "config": config_read(config),
         "users": test_users,
         "validation_users": val_users,
         "after": moment,

@@ -49,6 +49,7 @@ from eval.sandbox_cases import (
     Results,
     adapter_context,
     check_adapter,
+    config_read,
     data_digest,
     draw_users,
     variants,
@@ -274,7 +275,7 @@ def run(
     users, _ = draw_users(data, moment, HORIZON, config.min_history, n_users, n_validation, config.seed)
     inputs = {
         "data": data_digest(config.data),
-        "config": as_dict(config),
+        "config": config_read(config),
         "users": users,
         "after": moment,
         "steps": steps,

@@ -246,6 +246,14 @@ class Results:
         tmp.replace(self.path(method))
 
 
+def config_read(config) -> dict:
+    """The config as the tests' fingerprint records it: everything but ``text`` (the tests write no
+    chat or post, so how messages are written cannot change a result)."""
+    from agents.sandbox.config import as_dict
+
+    return {k: v for k, v in as_dict(config).items() if k != "text"}
+
+
 def data_digest(folder: str) -> str:
     root = Path(folder)
     files = [root / name for name in ("movies.csv", "ratings.csv", "tags.csv") if (root / name).exists()]
