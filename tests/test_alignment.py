@@ -118,7 +118,8 @@ def test_the_agent_rates_with_the_star_model_as_of_the_cutoff_and_asks_no_llm_wi
     config = load_config(None, ["temperature=0"])
     got = al.predict_agent(cases, data, config, backend, embed, np.random.default_rng(0), counts)
     expected, _ = star_model(data.ratings).predict(["1", "1"], ["3", "4"], [30, 30])
-    assert got == [expected] and backend.asked == []  # no validation rows: the model alone, no LLM call
+    half_stars = [float(np.rint(v * 2) / 2) for v in expected]  # a rating: the platform's half-star step
+    assert got == [half_stars] and backend.asked == []  # no validation rows: the model alone, no LLM call
     assert (
         counts["llm_validation_rows"] == 0
         and sum(v for k, v in counts.items() if k.startswith("source:")) == 2

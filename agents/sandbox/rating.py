@@ -99,13 +99,14 @@ class Rater:
     def rate(
         self, agents, items: list[int], moments: list[int], rounds: list[int]
     ) -> tuple[list[float], list[str]]:
-        """Stars for each (agent, film) as of its moment (the star model sees only older ratings), and
-        what gave them."""
+        """Stars for each (agent, film) as of its moment (the star model sees only older ratings), on
+        the platform's half-star step (a rating a user could give), and what gave them."""
         answers = None
         if self.blends(moments):
             answers = llm_stars(self.decider, agents, items, self.movies, moments, rounds)
             self.counts["llm_asked"] += len(answers)
             self.counts["llm_unusable"] += sum(a is None for a in answers)
-        return self.model.predict(
+        values, sources = self.model.predict(
             [user_key(a) for a in agents], [str(m) for m in items], list(moments), answers
         )
+        return [float(np.rint(v * 2) / 2) for v in values], sources  # a rating: MovieLens's half-star step
