@@ -92,7 +92,12 @@ def test_the_agent_walks_the_pages_picking_rating_and_remembering_each_film(ml, 
     assert row.counts["memory:reflections"] == 2 * len(cases)  # after rounds 2 and 4
     agent = row.built[next(iter(row.built))][0][0]
     assert [m for m, _, _ in agent.rated] == walks[0] and all(0.5 <= s <= 5 for _, s, _ in agent.rated)
-    remembered = [r.text for r in agent.memory.short + agent.memory.long if r.kind != "history"]
+    remembered = [  # a record, or the enhancer of a record as alike (which it is then kept as)
+        t
+        for r in agent.memory.short + agent.memory.long
+        if r.kind != "history"
+        for t in [r.text, *r.enhancers]
+    ]
     assert any(ml.movies[walks[0][-1]].title in t for t in remembered)  # the last film is in memory
     prompts = [c for c, _ in backend.scored]
     last = "\n".join(m["content"] for m in prompts[-1][0])
