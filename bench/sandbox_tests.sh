@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sandbox's checks end to end (bench/README.md, "Recommender sandbox"): choice pairs strictly before
 # AFTER, the CPU adapter on them (under an hour), then the three tests on the same 100 users, each with
-# the tuned rows. Every step resumes where it stopped when rerun. About 5 hours on 2 cores.
+# the tuned rows. Every step resumes where it stopped when rerun. About 4 hours on 2 cores.
 #   bash bench/sandbox_tests.sh                      # ml-latest-small from ../shared
 #   DATA=path/to/ml-folder AFTER=2012-01-01 PAIRS=runs/pairs/other ADAPTER=runs/sandbox/sft/other OUT=runs/other \
 #       bash bench/sandbox_tests.sh
