@@ -312,16 +312,18 @@ def run_agent_row(row: AgentRow, cases: dict, validation: dict, choice=None) -> 
     def combined(scored, model, norm, w):
         return [llm + w * m for llm, m in zip(scored[norm], model, strict=True)]
 
+    def model_for(these, scored):
+        """The choice model's log-odds of each case's candidates (zeros without a model)."""
+        if choice is None:
+            return [0 * s for s in scored["sum"]]
+        return model_scores(choice, row.data, these)
+
     options = [(w, norm) for w in weights for norm in NORMALISATIONS]
     chosen_on: dict[str, dict] = {}
     for key, val_cases in validation.items():
         a = int(key.split(",")[0])
         scored = agent_scores(row, val_cases)
-        model = (
-            model_scores(choice, row.data, val_cases)
-            if choice is not None
-            else [0 * s for s in scored["sum"]]
-        )
+        model = model_for(val_cases, scored)
         chosen_on[key] = {
             f"{norm},{w:g}": float(
                 hits(val_cases, top(val_cases, combined(scored, model, norm, w), a)).mean()
@@ -345,11 +347,7 @@ def run_agent_row(row: AgentRow, cases: dict, validation: dict, choice=None) -> 
     for key, test_cases in cases.items():
         a = int(key.split(",")[0])
         scored = agent_scores(row, test_cases)
-        model = (
-            model_scores(choice, row.data, test_cases)
-            if choice is not None
-            else [0 * s for s in scored["sum"]]
-        )
+        model = model_for(test_cases, scored)
         out["settings"][key] = score(
             test_cases, top(test_cases, combined(scored, model, best_norm, best_w), a)
         )

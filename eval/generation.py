@@ -147,7 +147,7 @@ def walk_agent(row: AgentRow, cases: list[dict], steps: int, choice=None) -> lis
     the row's ``decision.choice_weight``: the agent's past is its history and its watches so far), rate,
     remember; forget and reflect every ``reflect_every`` rounds."""
     from agents.sandbox.agent import remember
-    from agents.sandbox.choice import Past, as_of
+    from agents.sandbox.choice import agent_past, as_of
     from agents.sandbox.memory import reflect_all
     from agents.sandbox.rating import Rater
     from data_prep.movielens import day
@@ -166,16 +166,7 @@ def walk_agent(row: AgentRow, cases: list[dict], steps: int, choice=None) -> lis
             weight = row.config.decision.choice_weight
             if weight and choice is not None:
                 scores = [
-                    s
-                    + weight
-                    * choice.score(
-                        Past(
-                            [m for m, _, _ in a.profile.history] + a.watched,
-                            [x for _, x, _ in a.profile.history] + [x for _, x, _ in a.rated],
-                        ),
-                        p,
-                        *as_of(row.data, p, t),
-                    )
+                    s + weight * choice.score(agent_past(a), p, *as_of(row.data, p, t))
                     for s, a, p, t in zip(scores, agents, pages, cutoffs, strict=True)
                 ]
             picks = [

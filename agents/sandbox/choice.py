@@ -128,6 +128,14 @@ def as_of(data, films: list[int], moment: int) -> tuple[dict, dict, int]:
     return counts, recent, datetime.fromtimestamp(moment, UTC).year
 
 
+def agent_past(agent) -> Past:
+    """A sandbox agent's past for a choice: its user's real history, then its watches in the run."""
+    return Past(
+        [m for m, _, _ in agent.profile.history] + agent.watched,
+        [s for _, s, _ in agent.profile.history] + [s for _, s, _ in agent.rated],
+    )
+
+
 def past_of(data, user: int, moment: int) -> Past:
     history = data.history(user, moment)
     return Past([r.movie for r in history], [r.stars for r in history])

@@ -40,7 +40,7 @@ import numpy as np
 from agents.llm import Constraint
 from agents.retrieval import BM25, top_indices
 from agents.sandbox.agent import DAY, Agent, remember, start_agents, watch_messages
-from agents.sandbox.choice import Past, as_of, fit_on_data
+from agents.sandbox.choice import agent_past, as_of, fit_on_data
 from agents.sandbox.decide import PROMPT_FEATURES, Decider
 from agents.sandbox.memory import LLMMemoryModel, Memory, reflect_all
 from agents.sandbox.profiles import Profile
@@ -470,10 +470,7 @@ class World:
     def choice_scores(self, agent: Agent, page: list[int]) -> np.ndarray:
         """The choice model's log-odds of a page's films for this agent: its real history and its
         watches in the run; the site's counts (before the start and in the run)."""
-        past = Past(
-            [m for m, _, _ in agent.profile.history] + agent.watched,
-            [s for _, s, _ in agent.profile.history] + [s for _, s, _ in agent.rated],
-        )
+        past = agent_past(agent)
         counts = {
             m: (self.site[m], self.site_stars[m] / self.site[m] if self.site[m] else None) for m in page
         }
