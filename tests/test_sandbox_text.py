@@ -65,10 +65,11 @@ def test_the_template_states_each_speakers_latest_film_and_stars(ml):
     assert chats and stats["messages_by"] == "template" and stats["messages_repeating_4gram"] == 0
     for chat in chats:
         speakers = [line.split(": ", 1)[0] for line in chat["text"].splitlines()]
-        for speaker, message in zip(speakers, chat["messages"], strict=True):
+        for k, (speaker, message) in enumerate(zip(speakers, chat["messages"], strict=True)):
             films = w.agents[speaker].recent(ml.movies)
-            title, stars = films[-1]
+            title, stars = films[-1 - speakers[:k].count(speaker)]  # each reply moves to an earlier film
             assert title in message and f"{stars:g} out of 5" in message
+        assert len(set(chat["messages"])) == len(chat["messages"])  # no speaker repeats its line
     assert w.counts["template_messages"] == sum(len(c["messages"]) for c in chats)
     contact = [(p, c) for p, c in backend.asked if "Which contact do you chat with?" in p]
     assert len(contact) == len(chats)  # the contact is a question of its own, answered among the names
@@ -76,6 +77,7 @@ def test_the_template_states_each_speakers_latest_film_and_stars(ml):
         assert constraint.kind == "choice" and all(name in prompt for name in constraint.options)
     assert not any("say" in str(c) for c in backend.batches)  # no LLM call wrote a message
     assert template_message("post", []) == "Nothing watched lately."
+    assert template_message("reply", [("A", 4.0)], nth=1) == "That is all I have watched lately."
 
 
 def test_an_llm_chat_prompt_carries_the_speakers_own_films(ml):

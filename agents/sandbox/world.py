@@ -116,15 +116,19 @@ def verdict(stars: float) -> str:
     )
 
 
-def template_message(kind: str, films: list[tuple[str, float]]) -> str:
-    """A chat line or a post that states the speaker's latest film and its stars (text.messages: template)."""
+def template_message(kind: str, films: list[tuple[str, float]], nth: int = 0) -> str:
+    """A chat line or a post that states one of the speaker's films and its stars (text.messages: template):
+    the latest for an opening or a post, the nth latest for the speaker's nth reply in a chat, so a
+    dialogue moves through what each side watched instead of repeating it."""
     if not films:
         return (
             "I have not watched anything lately. What about you?"
             if kind != "post"
             else "Nothing watched lately."
         )
-    title, stars = films[-1]
+    if nth >= len(films):
+        return "That is all I have watched lately."
+    title, stars = films[-1 - nth]
     if kind == "post":
         return f"Just watched {title}: {stars:g} out of 5, {verdict(stars)}."
     if kind == "open":
@@ -624,14 +628,23 @@ class World:
         return chats, posts
 
     def words(
-        self, kind: str, agents: list[Agent], instructions: list[str], context: list[str] | None = None
+        self,
+        kind: str,
+        agents: list[Agent],
+        instructions: list[str],
+        context: list[str] | None = None,
+        nth: list[int] | None = None,
     ) -> list[str | None]:
-        """Messages: the template's (text.messages: template) or the LLM's (None when unusable)."""
+        """Messages: the template's (text.messages: template) or the LLM's (None when unusable); `nth`
+        counts each speaker's earlier lines in its chat (the template's films move on with it)."""
         if not agents:
             return []
         if self.config.text.messages == "template":
             self.counts["template_messages"] += len(agents)
-            return [template_message(kind, a.recent(self.movies)) for a in agents]
+            return [
+                template_message(kind, a.recent(self.movies), nth[k] if nth else 0)
+                for k, a in enumerate(agents)
+            ]
         decision = "post" if kind == "post" else "chat"
         prompts = [
             self.prompt(
@@ -680,6 +693,10 @@ class World:
                     [me for me, _ in speakers],
                     [f"Reply to {other.profile.name} in one or two sentences." for _, other in speakers],
                     [f"Your chat so far:\n{text}" for text in lines],
+                    [
+                        sum(who == me.profile.name for who, _ in d)
+                        for (me, _), d in zip(speakers, dialogues, strict=True)
+                    ],
                 )
                 for (me, _), dialogue, text in zip(speakers, dialogues, said, strict=True):
                     if text is None:
