@@ -5,8 +5,8 @@
 Sections: the run (setting, dialogues, turns, seed, data), ``priors`` (the profile dictionaries'
 hand-set distributions: environment, language and action patterns; the data's priors are estimated
 from RecLLMSim at run time), ``conflicts`` (pairs of preferences that cannot both hold), ``rating``,
-``refinement`` (the language-pattern tools, in order), ``llm`` (the simulator's backend) and ``crs_llm``
-(the recommenders' backend).
+``refinement`` (the language-pattern tools, in order), ``llm`` (the simulator's backend), ``crs_llm``
+(the built-in recommenders' backend) and ``plugins`` (your own recommenders, agents/converse/plugins.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pydantic.dataclasses import dataclass
 
 from agents.config import STRICT, ConfigError, load_yaml  # noqa: F401 (ConfigError: what callers catch)
 from agents.llm import LLMConfig
+from agents.plugins import is_target
 
 
 @dataclass(config=STRICT)
@@ -98,13 +99,32 @@ class RefinementConfig:
 
 
 @dataclass(config=STRICT)
+class PluginConfig:
+    """A researcher's own CRS (agents/converse/plugins.py has the protocol): ``python`` (target:
+    package.module:Class, built with ``options``), ``http`` (target: the URL answering the protocol's
+    POST) or ``openai`` (target: an OpenAI-compatible base URL, ``model``, your ``system_prompt``)."""
+
+    transport: str = Field(pattern="^(python|http|openai)$")
+    target: str = Field(min_length=1)
+    options: dict = field(default_factory=dict)  # python: keyword arguments of the class
+    model: str = ""  # openai: the served model's name
+    system_prompt: str = ""  # openai: sent first; none when empty
+    max_tokens: int | None = Field(None, ge=1)  # openai: none: only the model's window bounds a reply
+    api_key_env: str = ""  # openai: the environment variable holding the key (the key is never recorded)
+    timeout: float = Field(60.0, gt=0)  # seconds per try
+    retries: int = Field(2, ge=0)  # more tries after a timeout, a lost connection or a 5xx
+    concurrency: int = Field(8, ge=1)  # dialogues served at once
+
+
+@dataclass(config=STRICT)
 class ConverseConfig:
     setting: str = Field("yelp", pattern="^(yelp|recllmsim)$")  # restaurants from Yelp, or RecLLMSim's tasks
     data: str = "../shared/data/raw/recllmsim"
     catalogue: str = "../shared/data/raw/yelp_asc_sample/item_subset.json"  # yelp: the restaurants
     crs: list[str] = field(
         default_factory=lambda: ["base", "agent"]
-    )  # yelp: base, agent; recllmsim: assistant
+    )  # yelp: base, agent; recllmsim: assistant; either: a name from plugins, or package.module:Class
+    plugins: dict[str, PluginConfig] = field(default_factory=dict)
     dialogues: int = Field(10, ge=1)  # per recommender
     max_turns: int = Field(6, ge=1)  # user turns per dialogue
     seed: int = 0
@@ -136,12 +156,19 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> ConverseC
             raise ConfigError(
                 f"{path or 'config'}: refinement tool {tool.name!r}: an llm judger needs a question"
             )
+    for name in config.crs:  # the shorthand: a python plug-in named by its import path in crs itself
+        if name not in config.plugins and is_target(name):
+            config.plugins[name] = PluginConfig(transport="python", target=name)
     allowed = {"yelp": {"base", "agent", "assistant"}, "recllmsim": {"assistant"}}[config.setting]
-    wrong = [name for name in config.crs if name not in allowed]
+    wrong = [name for name in config.crs if name not in allowed and name not in config.plugins]
     if wrong or not config.crs:
         raise ConfigError(
-            f"{path or 'config'}: crs: {wrong or 'none'} for setting {config.setting!r} (one of {sorted(allowed)})"
+            f"{path or 'config'}: crs: {wrong or 'none'} for setting {config.setting!r} (one of "
+            f"{sorted(allowed)}, a name from plugins {sorted(config.plugins)}, or package.module:Class)"
         )
+    clash = sorted(set(config.plugins) & {"base", "agent", "assistant"})
+    if clash:
+        raise ConfigError(f"{path or 'config'}: plugins: {clash} would hide the built-in recommenders")
     for pair in config.conflicts:
         if len(pair) != 2:
             raise ConfigError(f"{path or 'config'}: conflicts: {pair!r} is not a pair")

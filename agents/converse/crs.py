@@ -83,6 +83,10 @@ class Reply:
     plan: str = ""  # AgentCRS: ask | recommend | answer
     fallback: bool = False  # the LLM's answer was unusable; a fixed reply was given (counted)
     nothing_found: bool = False  # AgentCRS planned to recommend, but no place was left to recommend (counted)
+    error: str | None = None  # a plugged-in CRS failed this turn (why); the dialogue ends, nothing is rated
+    refused: list[str] = field(default_factory=list)  # item ids it named that the catalogue lacks (counted)
+    raw: str | None = None  # with an error: what the CRS sent back, as it came (for a person to see)
+    cut_short: bool = False  # the reply stopped at the model's token limit (kept, counted)
 
 
 def disliked(phrase: str, restaurant: Restaurant) -> bool:

@@ -28,9 +28,11 @@ from tqdm import tqdm
 
 from agents.converse.config import as_dict, load_config
 from agents.converse.crs import RECOMMENDERS, load_restaurants
+from agents.converse.plugins import PluginCRS, plugin_records
 from agents.converse.profiles import Persona, load_sources, resolve_conflicts, sample_personas
 from agents.converse.simulator import User, UserSimulator
 from agents.llm import EXECUTION_FIELDS
+from agents.plugins import PluginError
 from agents.runs import Lock, read_jsonl, valid_lines, write_json
 from data_prep import fingerprint
 from data_prep.provenance import provenance
@@ -52,7 +54,24 @@ def run_inputs(config) -> dict:
     inputs = {"config": settings, "data": fingerprint.digest_files(files, data)}
     if config.setting == "yelp":
         inputs["catalogue"] = fingerprint.digest_files([Path(config.catalogue)])
+    try:  # a python plug-in's code is an input too: an edited CRS is a new run, not a resumed one
+        inputs["plugins"] = {  # where the file lies is provenance, not an input
+            name: {k: v for k, v in record.items() if k != "source"}
+            for name, record in plugin_records(config).items()
+        }
+    except PluginError as error:
+        raise SystemExit(f"error: {error}") from None
     return inputs
+
+
+def make_crs(name: str, config, backend, catalogue: list, seed: int):
+    """A built-in recommender (one per chunk, seeded) or a plugged-in one (agents/converse/plugins.py)."""
+    if name in config.plugins:
+        try:
+            return PluginCRS(name, config.plugins[name], catalogue)
+        except Exception as error:  # the researcher's constructor: a clear error before any dialogue
+            raise SystemExit(f"error: crs {name!r}: cannot start {config.plugins[name].target}: {error!r}") from None
+    return RECOMMENDERS[name](backend, catalogue, config.temperature, seed)
 
 
 def personas_for(config, out: Path, backend) -> tuple[list[Persona], dict]:
@@ -98,12 +117,14 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
         answered = crs.respond([sessions[k] for k in reply_to], [users[k].dialogue[-1][1] for k in reply_to])
         for k, reply in zip(reply_to, answered, strict=True):
             replies[k] = reply
+            if reply.error:  # a plugged-in CRS failed this turn: the dialogue ends, nothing is rated
+                users[k].ended = "crs_error"
         for k, log in zip(active, logs, strict=True):
             reply = replies[k] if k in reply_to else None
             log.update(crs=crs_name, dialogue=ids[k], persona=users[k].persona.id)
             log["reply"] = asdict(reply) if reply else None
             turns.append(log)
-        active = reply_to
+        active = [k for k in reply_to if not users[k].ended]
     dialogues = []
     for k, user in enumerate(users):
         dialogues.append(
@@ -152,6 +173,7 @@ def summarise(out: Path, config, report: dict) -> dict:
         "crs": per_crs,
         "counts": dict(counts),
         "personas": report,
+        "plugins": plugin_records(config),
         "config": as_dict(config),
         "provenance": provenance(["torch", "transformers", "numpy"]),
     }
@@ -183,6 +205,8 @@ def run(args, backend=None, crs_backend=None) -> dict:
             )
         personas, report = personas_for(config, out, backend)
         catalogue = load_restaurants(config.catalogue) if config.setting == "yelp" else []
+        # plugged-in CRSs are stateless (the dialogue comes with each call): one per run
+        plugged = {n: make_crs(n, config, None, catalogue, 0) for n in config.crs if n in config.plugins}
         chunks = [
             (c, name, list(range(start, min(start + CHUNK, len(personas)))))
             for c, name in enumerate(config.crs)
@@ -196,14 +220,18 @@ def run(args, backend=None, crs_backend=None) -> dict:
             for c, name, ids in tqdm(todo, desc="dialogue chunks", unit="chunk"):
                 rng = np.random.default_rng([config.seed, c + 1, ids[0]])
                 simulator = UserSimulator(config, backend, rng)
-                crs = RECOMMENDERS[name](
-                    crs_backend, catalogue, config.temperature, int(rng.integers(2**31 - 1))
+                crs = plugged.get(name) or make_crs(
+                    name, config, crs_backend, catalogue, int(rng.integers(2**31 - 1))
                 )
                 dialogues, turns = converse(name, personas, ids, simulator, crs)
                 chunk_counts = Counter(simulator.counts)
-                chunk_counts.update(
-                    f"crs_fallbacks:{name}" for t in turns if t["reply"] and t["reply"]["fallback"]
-                )
+                for reply in (t["reply"] for t in turns if t["reply"]):
+                    chunk_counts[f"crs_fallbacks:{name}"] += reply["fallback"]
+                    chunk_counts[f"crs_refused_items:{name}"] += len(reply["refused"])
+                    chunk_counts[f"crs_cut_short:{name}"] += reply["cut_short"]
+                    if reply["error"]:
+                        chunk_counts[f"crs_errors:{name}:{reply['error'].split(':')[0]}"] += 1
+                chunk_counts = +chunk_counts  # zeros left out
                 dialogues[0]["chunk_counts"] = dict(chunk_counts)  # summed by summarise: resume-proof
                 with open(out / "turns.jsonl", "a") as handle:
                     handle.writelines(json.dumps(t, ensure_ascii=False) + "\n" for t in turns)

@@ -1,0 +1,244 @@
+"""A researcher's own CRS in the conversational simulator (agents/converse/plugins.py): a python class
+named by import path, a FastAPI CRS on loopback speaking the HTTP JSON protocol, and an
+OpenAI-compatible endpoint; every way a plug-in fails is counted, ends only its dialogue, and is
+never rated."""
+
+import argparse
+import hashlib
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+from converse_fakes import Scripted
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
+
+from agents.converse.config import ConfigError, PluginConfig, load_config
+from agents.converse.crs import Session, load_restaurants
+from agents.converse.plugins import PluginCRS
+from agents.converse.run import run
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def catalogue(raw):
+    return load_restaurants(raw / "yelp_asc_sample" / "item_subset.json")
+
+
+def args(raw, out, *extra):
+    settings = [f"data={raw / 'recllmsim'}", f"catalogue={raw / 'yelp_asc_sample' / 'item_subset.json'}",
+                "dialogues=10", "max_turns=3", *extra]  # fmt: skip
+    return argparse.Namespace(config=None, out=str(out), set=settings, overwrite=False)
+
+
+def serve(app: FastAPI):
+    """A real uvicorn server on a free loopback port, in a thread; yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+def test_a_python_plugin_by_import_path_runs_in_a_full_run_beside_a_built_in(raw, catalogue, tmp_path):
+    plugin = tmp_path / "my_crs.py"
+    shutil.copy(HERE / "crs_plugins.py", plugin)
+    items = [r.id for r in catalogue[:3]]
+    spec = json.dumps({"transport": "python", "target": f"{plugin}:FirstPlace", "options": {"items": items}})
+    out = tmp_path / "run"
+    summary = run(args(raw, out, "crs=[base, mine]", f"plugins={{mine: {spec}}}"), Scripted(), Scripted())
+    assert summary["crs"]["mine"]["dialogues"] == summary["crs"]["base"]["dialogues"] == 10
+    assert summary["plugins"]["mine"]["sha256"] == hashlib.sha256(plugin.read_bytes()).hexdigest()
+    turns = [json.loads(line) for line in (out / "turns.jsonl").read_text().splitlines()]
+    replies = [t["reply"] for t in turns if t["crs"] == "mine" and t["reply"]]
+    assert len(replies) == 10 * 2  # every user turn answered but the closing third
+    for reply in replies:  # the known id is kept as a recommendation, the unknown one refused
+        assert len(reply["recommended"]) == 1 and reply["recommended"][0] in items
+        assert reply["refused"] == ["no-such-place"] and reply["error"] is None
+    assert summary["counts"]["crs_refused_items:mine"] == 20
+    # the plug-in's words reached the simulated user, and the user rated them
+    rated = [t for t in turns if t["crs"] == "mine" and t.get("rating")]
+    assert rated and summary["crs"]["mine"]["rated_turns"] == len(rated)
+    dialogues = [json.loads(line) for line in (out / "dialogues.jsonl").read_text().splitlines()]
+    mine = [d for d in dialogues if d["crs"] == "mine"]
+    assert all(d["transcript"][1][1].startswith("Try place ") for d in mine)
+    assert all(d["recommended"] == items[:2] for d in mine)  # one per turn, in order
+    # an edited plug-in is a new run: the resume refuses, naming the plug-in
+    plugin.write_text(plugin.read_text() + "\n# tuned\n")
+    with pytest.raises(SystemExit, match="plugins"):
+        run(args(raw, out, "crs=[base, mine]", f"plugins={{mine: {spec}}}"), Scripted(), Scripted())
+
+
+def test_a_plugin_sees_the_whole_dialogue_and_a_plain_string_is_a_reply(catalogue):
+    spec = PluginConfig(transport="python", target=f"{HERE / 'crs_plugins.py'}:FirstPlace",
+                        options={"items": [catalogue[0].id]})  # fmt: skip
+    crs = PluginCRS("mine", spec, catalogue)
+    session = Session()
+    for said in ["one", "two", "three"]:
+        crs.respond([session], [said])
+    seen = crs.transport.instance.seen
+    assert [len(d) for d in seen] == [1, 3, 5]  # everything so far, not a window
+    assert [t["role"] for t in seen[-1]] == ["user", "assistant"] * 2 + ["user"]
+    assert [t["content"] for t in seen[-1] if t["role"] == "user"] == ["one", "two", "three"]
+    plain = PluginCRS("plain", PluginConfig(transport="python", target=f"{HERE / 'crs_plugins.py'}:Plain"), [])
+    reply = plain.respond([Session()], ["hi"])[0]
+    assert reply.text == "Tell me more about what you like." and reply.recommended is None
+
+
+def test_a_failing_python_plugin_is_counted_and_ends_only_its_dialogue():
+    spec = PluginConfig(transport="python", target=f"{HERE / 'crs_plugins.py'}:Broken", timeout=1.0,
+                        options={"hang": 3.0})  # fmt: skip
+    crs = PluginCRS("broken", spec, [])
+    started = time.monotonic()
+    replies = crs.respond([Session() for _ in range(5)], ["raise", "hang", "shape", "blank", "ok"])
+    assert time.monotonic() - started < 2.5  # the hung call was not waited for
+    kinds = [r.error.split(":")[0] if r.error else None for r in replies]
+    assert kinds == ["raised", "timeout", "bad_answer", "empty_reply", None]
+    assert "my model fell over" in replies[0].error and replies[4].text == "fine"
+    assert "a key the protocol does not have" in replies[2].raw  # the reject kept as it came
+
+
+def test_a_plugin_that_fails_in_a_run_is_counted_per_crs_and_never_rated(raw, tmp_path):
+    target = f"{HERE / 'crs_plugins.py'}:Broken"
+    scripted = Scripted()
+    scripted_message = {"message": "please raise an error"}  # the simulated user's words reach the CRS
+    original = scripted.answer
+
+    def answer(conversation, constraint):
+        text = original(conversation, constraint)
+        return json.dumps(scripted_message) if text.startswith('{"message"') else text
+
+    scripted.answer = answer
+    out = tmp_path / "run"
+    summary = run(args(raw, out, f"crs=['{target}']", "refinement.enabled=false"), scripted, Scripted())
+    name = target
+    assert summary["crs"][name]["ended"] == {"crs_error": 10}
+    assert summary["counts"][f"crs_errors:{name}:raised"] == 10
+    turns = [json.loads(line) for line in (out / "turns.jsonl").read_text().splitlines()]
+    assert len(turns) == 10 and all(t["reply"]["error"].startswith("raised") for t in turns)
+    assert summary["crs"][name]["rated_turns"] == 0  # a failed turn is never rated
+
+
+def crs_app() -> FastAPI:
+    app = FastAPI()
+    state = {"flaky": 0}
+
+    @app.post("/ok")
+    async def ok(request: Request):
+        body = await request.json()
+        return {"reply": f"You said {len(body['dialogue'])} turns so far.", "items": ["b1"]}
+
+    @app.post("/slow")
+    async def slow(request: Request):
+        import asyncio
+
+        await asyncio.sleep(2.0)
+        return {"reply": "late"}
+
+    @app.post("/flaky")
+    async def flaky(request: Request):
+        state["flaky"] += 1
+        if state["flaky"] % 2:
+            return PlainTextResponse("overloaded", status_code=503)
+        return {"reply": "second try"}
+
+    @app.post("/down")
+    async def down(request: Request):
+        return PlainTextResponse("broken for good", status_code=500)
+
+    @app.post("/html")
+    async def html(request: Request):
+        return PlainTextResponse("<html>not json</html>")
+
+    @app.post("/empty")
+    async def empty(request: Request):
+        return {"reply": ""}
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def http_crs():
+    server, thread, url = serve(crs_app())
+    yield url
+    server.should_exit = True
+    thread.join(5)
+
+
+def test_an_http_crs_on_loopback_answers_retries_and_fails_clearly(http_crs, catalogue):
+    def crs(path, **settings):
+        return PluginCRS("http", PluginConfig(transport="http", target=f"{http_crs}{path}", **settings),
+                         catalogue)  # fmt: skip
+
+    reply = crs("/ok").respond([Session()], ["hi"])[0]
+    assert reply.text == "You said 1 turns so far." and reply.recommended == [] and reply.refused == ["b1"]
+    assert crs("/flaky", retries=1).respond([Session()], ["hi"])[0].text == "second try"  # 503, then ok
+    failures = {
+        "/slow": ("timeout", {"timeout": 0.5, "retries": 1}),
+        "/down": ("server_error", {"retries": 2}),
+        "/html": ("not_json", {}),
+        "/empty": ("bad_answer", {}),  # reply must be at least one character
+        "/missing": ("http_status", {}),  # 404
+    }
+    for path, (kind, settings) in failures.items():
+        reply = crs(path, **settings).respond([Session()], ["hi"])[0]
+        assert reply.error and reply.error.startswith(kind), (path, reply.error)
+    assert "<html>not json</html>" == crs("/html").respond([Session()], ["hi"])[0].raw
+    refused = PluginCRS("x", PluginConfig(transport="http", target="http://127.0.0.1:9/none", retries=0), [])
+    assert refused.respond([Session()], ["hi"])[0].error.startswith("connection")
+
+
+def test_an_http_crs_takes_part_in_a_run(raw, http_crs, tmp_path):
+    spec = json.dumps({"transport": "http", "target": f"{http_crs}/ok"})
+    summary = run(args(raw, tmp_path / "run", "crs=[web]", f"plugins={{web: {spec}}}"), Scripted(), Scripted())
+    assert summary["crs"]["web"]["dialogues"] == 10 and summary["crs"]["web"]["ended"] == {"max_turns": 10}
+    assert summary["counts"]["crs_refused_items:web"] == 20  # b1 is no Yelp restaurant of the catalogue
+
+
+def test_the_openai_transport_sends_the_whole_dialogue_after_the_researchers_system_prompt(tmp_path):
+    app, seen = FastAPI(), []
+
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request):
+        body = await request.json()
+        seen.append(body)
+        return {
+            "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "Noted."}}],
+        }  # fmt: skip
+
+    server, thread, url = serve(app)
+    try:
+        spec = PluginConfig(transport="openai", target=f"{url}/v1", model="mine", system_prompt="You are MyCRS.")
+        crs, session = PluginCRS("gpt", spec, []), Session()
+        for said in ["one", "two"]:
+            reply = crs.respond([session], [said])[0]
+    finally:
+        server.should_exit = True
+        thread.join(5)
+    assert reply.text == "Noted." and reply.recommended is None
+    last = seen[-1]
+    assert last["messages"][0] == {"role": "system", "content": "You are MyCRS."}
+    assert [m["content"] for m in last["messages"][1:]] == ["one", "Noted.", "two"]
+    assert "max_tokens" not in last and "max_completion_tokens" not in last  # only the window bounds it
+
+
+def test_plugin_settings_are_checked():
+    with pytest.raises(ConfigError, match="crs"):
+        load_config(None, ["crs=[nobody]"])
+    with pytest.raises(ConfigError, match="transport"):
+        load_config(None, ["crs=[x]", "plugins={x: {transport: grpc, target: a}}"])
+    with pytest.raises(ConfigError, match="built-in"):
+        load_config(None, ["plugins={base: {transport: http, target: 'http://a'}}"])
+    config = load_config(None, ["crs=[base, 'my_pkg.crs:Mine']"])
+    assert config.plugins["my_pkg.crs:Mine"].transport == "python"
