@@ -89,7 +89,9 @@ def test_a_plugin_sees_the_whole_dialogue_and_a_plain_string_is_a_reply(catalogu
     assert [len(d) for d in seen] == [1, 3, 5]  # everything so far, not a window
     assert [t["role"] for t in seen[-1]] == ["user", "assistant"] * 2 + ["user"]
     assert [t["content"] for t in seen[-1] if t["role"] == "user"] == ["one", "two", "three"]
-    plain = PluginCRS("plain", PluginConfig(transport="python", target=f"{HERE / 'crs_plugins.py'}:Plain"), [])
+    plain = PluginCRS(
+        "plain", PluginConfig(transport="python", target=f"{HERE / 'crs_plugins.py'}:Plain"), []
+    )
     reply = plain.respond([Session()], ["hi"])[0]
     assert reply.text == "Tell me more about what you like." and reply.recommended is None
 
@@ -192,14 +194,16 @@ def test_an_http_crs_on_loopback_answers_retries_and_fails_clearly(http_crs, cat
     for path, (kind, settings) in failures.items():
         reply = crs(path, **settings).respond([Session()], ["hi"])[0]
         assert reply.error and reply.error.startswith(kind), (path, reply.error)
-    assert "<html>not json</html>" == crs("/html").respond([Session()], ["hi"])[0].raw
+    assert crs("/html").respond([Session()], ["hi"])[0].raw == "<html>not json</html>"
     refused = PluginCRS("x", PluginConfig(transport="http", target="http://127.0.0.1:9/none", retries=0), [])
     assert refused.respond([Session()], ["hi"])[0].error.startswith("connection")
 
 
 def test_an_http_crs_takes_part_in_a_run(raw, http_crs, tmp_path):
     spec = json.dumps({"transport": "http", "target": f"{http_crs}/ok"})
-    summary = run(args(raw, tmp_path / "run", "crs=[web]", f"plugins={{web: {spec}}}"), Scripted(), Scripted())
+    summary = run(
+        args(raw, tmp_path / "run", "crs=[web]", f"plugins={{web: {spec}}}"), Scripted(), Scripted()
+    )
     assert summary["crs"]["web"]["dialogues"] == 10 and summary["crs"]["web"]["ended"] == {"max_turns": 10}
     assert summary["counts"]["crs_refused_items:web"] == 20  # b1 is no Yelp restaurant of the catalogue
 
@@ -219,7 +223,9 @@ def test_the_openai_transport_sends_the_whole_dialogue_after_the_researchers_sys
 
     server, thread, url = serve(app)
     try:
-        spec = PluginConfig(transport="openai", target=f"{url}/v1", model="mine", system_prompt="You are MyCRS.")
+        spec = PluginConfig(
+            transport="openai", target=f"{url}/v1", model="mine", system_prompt="You are MyCRS."
+        )
         crs, session = PluginCRS("gpt", spec, []), Session()
         for said in ["one", "two"]:
             reply = crs.respond([session], [said])[0]

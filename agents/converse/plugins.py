@@ -117,7 +117,9 @@ class HttpTransport:
         try:
             value = response.json()
         except ValueError:
-            raise CRSFailure("not_json", f"{self.url} answered with a body that is not JSON", response.text) from None
+            raise CRSFailure(
+                "not_json", f"{self.url} answered with a body that is not JSON", response.text
+            ) from None
         return parse_answer(value, response.text)
 
     def __call__(self, dialogue: list[dict]) -> Answer:

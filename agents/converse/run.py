@@ -70,7 +70,9 @@ def make_crs(name: str, config, backend, catalogue: list, seed: int):
         try:
             return PluginCRS(name, config.plugins[name], catalogue)
         except Exception as error:  # the researcher's constructor: a clear error before any dialogue
-            raise SystemExit(f"error: crs {name!r}: cannot start {config.plugins[name].target}: {error!r}") from None
+            raise SystemExit(
+                f"error: crs {name!r}: cannot start {config.plugins[name].target}: {error!r}"
+            ) from None
     return RECOMMENDERS[name](backend, catalogue, config.temperature, seed)
 
 
