@@ -25,9 +25,16 @@ class Scripted:
         self.actions = actions or [["request_recommendation"]]
         self.judged, self.keep, self.plan = judged, keep, plan
         self.kinds: list[str] = []
+        self.calls: list[tuple[str, str]] = []  # (kind, prompt) of every call, in order
 
     def generate(self, conversations, sampling, constraint=None):
-        return [self.answer(c, constraint) for c in conversations]
+        out = []
+        for conversation in conversations:
+            known = len(self.kinds)
+            out.append(self.answer(conversation, constraint))
+            kind = self.kinds[-1] if len(self.kinds) > known else "unrecorded"
+            self.calls.append((kind, conversation[-1]["content"]))
+        return out
 
     def answer(self, conversation, constraint):
         text = conversation[-1]["content"]
@@ -66,3 +73,31 @@ class Scripted:
             return json.dumps({"reply": "Try the first place.", "recommend": [1]})
         self.kinds.append("crs:say")
         return json.dumps({"reply": "How about this one?"})
+
+
+class Reading(Scripted):
+    """Answers from what the prompt says, as a person reading it would: ends the conversation when it
+    is told it decides quickly and is satisfied, and rates a reply 2 when it mentions a food the prompt
+    says the persona dislikes (5 otherwise). A difference in the persona that does not reach the
+    prompt cannot reach these answers."""
+
+    def answer(self, conversation, constraint):
+        text = conversation[-1]["content"]
+        if constraint is not None and constraint.kind == "json":
+            keys = set(json.loads(constraint.schema)["properties"])
+            if keys == {"actions"}:
+                self.kinds.append("action")
+                quick = "You decide quickly" in text and "You are delighted" in text
+                return json.dumps({"actions": ["end"] if quick else ["request_recommendation"]})
+            if "rationale" in keys:
+                self.kinds.append("rating")
+                disliked = (
+                    text.split("Food you dislike: ")[1].split(".")[0]
+                    if "Food you dislike: " in text
+                    else None
+                )
+                last = text.split("Assistant: ")[-1].split("\nRate the assistant")[0]
+                score = 2 if disliked and disliked.lower() in last.lower() else 5
+                return json.dumps(dict(self.rating, language_quality=score, action_quality=score,
+                                       recommendation_quality=score))  # fmt: skip
+        return super().answer(conversation, constraint)

@@ -5,6 +5,7 @@ recommenders."""
 
 import argparse
 import json
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -16,6 +17,7 @@ from agents.converse.config import ConfigError, load_config
 from agents.converse.crs import AgentCRS, BaseCRS, Session, load_restaurants
 from agents.converse.run import run
 from agents.converse.simulator import User, UserSimulator, words_per_sentence
+from data_prep import recllmsim
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +117,59 @@ def test_conflicts_are_resolved_by_the_llm_and_logged():
 class Reply:
     def __init__(self, text="Try Sushi Den.", recommended=("x",)):
         self.text, self.recommended = text, list(recommended) if recommended is not None else None
+
+
+def test_persona_facts_style_tendencies_and_satisfaction_reach_the_prompts_that_carry_them():
+    from agents.converse.simulator import TENDENCY, satisfaction_words
+
+    backend = Scripted()
+    simulator = UserSimulator(config("refinement.enabled=false"), backend, np.random.default_rng(0))
+    who = persona(action={"decisiveness": "hesitant", "exploration": "conservative"},
+                  language={"information_richness": "high", "formality": "high", "sentence_length": "long"})  # fmt: skip
+    user = User(who)
+    simulator.step([user], [None])
+    simulator.step([user], [Reply("Try Umami Noodle Bar.")])
+    prompts = {}
+    for kind, prompt in backend.calls:
+        prompts.setdefault(kind, []).append(prompt)
+    assert set(prompts) == {"action", "response", "rating"}
+    for kind, texts in prompts.items():  # who the user is and what they want: in every decision
+        assert all(who.describe() in t and f"Your task: {who.task}" in t for t in texts), kind
+    assert "Try Umami Noodle Bar." in prompts["rating"][0]
+    for text in prompts["action"]:
+        assert TENDENCY["hesitant"] in text and TENDENCY["conservative"] in text
+        assert TENDENCY["decisive"] not in text and TENDENCY["exploratory"] not in text
+    assert all(who.style() in t for t in prompts["response"]) and "Write formally." in who.style()
+    for kind in ("action", "response"):  # before any reply, then after one rated 4
+        assert satisfaction_words(None) in prompts[kind][0] and satisfaction_words(4.0) in prompts[kind][1]
+    assert satisfaction_words(4.0) != satisfaction_words(None)
+
+
+def test_tendencies_and_dislikes_change_the_decisions_through_the_prompt():
+    from converse_fakes import Reading
+
+    def talk(who, reply):
+        simulator = UserSimulator(
+            config("refinement.enabled=false", "max_turns=5"), Reading(), np.random.default_rng(0)
+        )
+        user = User(who)
+        simulator.step([user], [None])
+        while not user.ended:
+            simulator.step([user], [Reply(reply)])
+        return user
+
+    quick = talk(
+        persona(action={"decisiveness": "decisive", "exploration": "exploratory"}), "Try the sushi bar."
+    )
+    slow = talk(
+        persona(action={"decisiveness": "hesitant", "exploration": "exploratory"}), "Try the sushi bar."
+    )
+    assert (quick.ended, quick.turn) == ("chosen", 2) and (slow.ended, slow.turn) == ("max_turns", 5)
+    burger = talk(
+        persona(action={"decisiveness": "decisive", "exploration": "exploratory"}), "Try the Fast food stand."
+    )
+    assert burger.scores[0] < quick.scores[0]  # the persona's dislike reached the rating
+    assert burger.ended != "chosen"
 
 
 def test_a_turn_rates_then_acts_then_responds_then_refines():
@@ -366,7 +421,12 @@ def test_the_evaluation_of_a_run_by_hand(raw, tmp_path):
     assert (tmp_path / "eval" / "traits.png").stat().st_size > 0
     ident = results["identification"]
     reference = ident["reference: RecLLMSim LLM users (Chinese) -> real people"]
-    assert reference["train"] == 1856 and reference["test"] == 291 and 0 <= reference["accuracy"] <= 1
+    assert reference["train"] == 1856 and reference["test"] == 291
+    loaded = recllmsim.load(raw / "recllmsim").conversations
+    llm_genders = Counter(ev.gender_of(c) for c in loaded if c.source == "llm" and ev.gender_of(c))
+    people = [ev.gender_of(c) for c in loaded if c.source == "human" and ev.gender_of(c)]
+    majority = llm_genders.most_common(1)[0][0]  # the training side's majority, scored on the people
+    assert reference["majority_accuracy"] == round(people.count(majority) / len(people), 3)
     simulated = ident["simulated -> RecLLMSim LLM users (English)"]
     assert simulated["train"] == 20 and simulated["test"] == 1856
 
@@ -431,6 +491,23 @@ def test_recommenders_must_fit_the_setting():
     assert config("setting=recllmsim", "crs=[assistant]").crs == ["assistant"]
 
 
+def test_identification_transfer_by_hand():
+    from eval.converse import transfer
+
+    train = ["he plays football", "football again", "he watches football"] + ["she knits", "knitting wool"]
+    labels = ["Male"] * 3 + ["Female"] * 2
+    result = transfer(
+        train,
+        labels,
+        ["football", "knits", "knitting", "football"],
+        ["Male", "Female", "Female", "Female"],
+        "word",
+    )
+    # the last test text says football but is labelled Female: 3 of 4 right; majority (Male) gets 1 of 4
+    assert result["accuracy"] == 0.75 and result["majority_accuracy"] == 0.25
+    assert result["macro_f1"] == round((2 * 1 * 0.5 / 1.5 + 2 * (2 / 3) * 1 / (5 / 3)) / 2, 3)
+
+
 def test_clustered_correlations_by_hand():
     from eval.converse import clustered_correlation
 
@@ -447,30 +524,45 @@ def test_clustered_correlations_by_hand():
 
 
 def test_replay_correlates_with_the_recorded_ratings_clustered_by_persona(raw, tmp_path):
-    from eval.converse import replay_check
+    """A backend that knows each real person's Detail answer rates every assistant turn from it: the
+    replayed correlation must come out +1 for a rating rising with it and -1 for one falling."""
+    from data_prep import recllmsim
+    from eval.converse import QUESTIONNAIRE, replay_check
 
-    class ByLength(Scripted):
-        """Rates the assistant's last message by its length: a rating that varies across conversations."""
+    def key(text):  # the start of an assistant message, as the prompt shows it (cut or not)
+        return " ".join(text.split())[:150]
 
+    detail = {}
+    for c in recllmsim.load(raw / "recllmsim").conversations:
+        if c.source == "human" and c.questionnaire.get("Detail") in QUESTIONNAIRE["Detail"]:
+            level = QUESTIONNAIRE["Detail"][c.questionnaire["Detail"]]
+            for t in c.turns:
+                if t.role == "assistant":
+                    detail.setdefault(key(t.content), set()).add(level)
+    detail = {
+        k: v.pop() for k, v in detail.items() if len(v) == 1
+    }  # an opening shared by two people: unknown
+
+    class KnowsDetail(Scripted):
         def answer(self, conversation, constraint):
             if constraint is not None and constraint.kind == "json" and '"rationale"' in constraint.schema:
-                last = conversation[-1]["content"].split("Assistant: ")[-1]
-                score = 1 + len(last) % 5
-                return json.dumps(dict(self.rating, language_quality=score, action_quality=score))
+                last = conversation[-1]["content"].split("\nAssistant: ")[-1].split("\nRate the assistant")[0]
+                level = detail.get(key(last))
+                if level is None:  # not a turn this test can place: an unusable answer (counted)
+                    return "{}"
+                return json.dumps(
+                    dict(self.rating, language_quality=1 + 2 * level, action_quality=5 - 2 * level)
+                )
             return super().answer(conversation, constraint)
 
-    backend = ByLength()
-    result = replay_check(raw / "recllmsim", config(), tmp_path, "llm", 12, backend)
-    assert result["conversations"] == 12 and backend.kinds == ["rating"] * backend.kinds.count("rating")
-    detail = result["correlations"]["language_quality ~ Detail Level"]
-    assert detail["n"] == 12 and 1 <= detail["clusters"] <= 12
-    assert -1 <= detail["spearman"] <= 1
-    ci = detail[
-        "spearman_ci95"
-    ]  # none where resamples kept hitting a constant rating, and then a note says so
-    assert (ci is None and "constant" in detail["note"]) or ci[0] <= ci[1]
-    people = replay_check(raw / "recllmsim", config(), tmp_path, "human", 6, ByLength())
-    assert set(k.split(" ~ ")[1] for k in people["correlations"]) == {
+    result = replay_check(raw / "recllmsim", config(), tmp_path, "human", 40, KnowsDetail())
+    rising, falling = (
+        result["correlations"][f"{k} ~ Detail"] for k in ("language_quality", "action_quality")
+    )
+    assert rising["n"] >= 30 and rising["clusters"] > 1  # most of the 40 placed; several people
+    assert rising["spearman"] == 1.0 and falling["spearman"] == -1.0
+    assert rising["spearman_ci95"] is None or rising["spearman_ci95"] == [1.0, 1.0]
+    assert set(k.split(" ~ ")[1] for k in result["correlations"]) == {
         "Detail",
         "Availability",
         "Diversity",
