@@ -412,6 +412,19 @@ def clustered_correlation(x, y, clusters, rng: np.random.Generator, resamples: i
     }
 
 
+def holm(correlations: dict) -> dict:
+    """Adds ``spearman_p_holm`` to every correlation of one table that has a p-value (Holm's step-down
+    correction over the table's tests, statsmodels' multipletests) and returns the table."""
+    from statsmodels.stats.multitest import multipletests
+
+    tested = [k for k, v in correlations.items() if "spearman_p" in v]
+    if tested:
+        adjusted = multipletests([correlations[k]["spearman_p"] for k in tested], method="holm")[1]
+        for k, p in zip(tested, adjusted, strict=True):
+            correlations[k]["spearman_p_holm"] = float(p)
+    return correlations
+
+
 def replay_check(data: Path, config, out: Path, source: str, limit: int | None, backend=None) -> dict:
     """Replay recorded conversations (``source`` llm: RecLLMSim's LLM users against their 7 ratings;
     human: the real people against their questionnaires) with the simulator, and correlate its
@@ -469,12 +482,13 @@ def replay_check(data: Path, config, out: Path, source: str, limit: int | None, 
             results["correlations"][f"{key} ~ {name}"] = clustered_correlation(
                 [xs[i] for i in keep], [ys[i] for i in keep], [convs[i].persona for i in keep], rng
             )
+    holm(results["correlations"])
     out.mkdir(parents=True, exist_ok=True)
     (out / f"replay_{source}.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
     print(
         json.dumps(
             {
-                k: {m: v.get(m) for m in ("n", "spearman", "spearman_ci95")}
+                k: {m: v.get(m) for m in ("n", "spearman", "spearman_ci95", "spearman_p_holm")}
                 for k, v in results["correlations"].items()
             },
             indent=1,
@@ -499,6 +513,7 @@ def consistency(first: Path, second: Path) -> dict:
             [a["persona"][f] for f in keep],
             rng,
         )
+    holm(out["correlations"])
     print(json.dumps(out, indent=1))
     return out
 

@@ -523,6 +523,17 @@ def test_clustered_correlations_by_hand():
     assert "note" in clustered_correlation([1, 1, 1], [1, 2, 3], ["a", "b", "c"], np.random.default_rng(0))
 
 
+def test_holm_by_hand():
+    from eval.converse import holm
+
+    table = holm(
+        {"a": {"spearman_p": 0.01}, "b": {"spearman_p": 0.04}, "c": {"spearman_p": 0.03}, "d": {"note": "-"}}
+    )
+    # sorted 0.01, 0.03, 0.04 times 3, 2, 1, made monotone: 0.03, 0.06, 0.06
+    assert [table[k]["spearman_p_holm"] for k in "acb"] == pytest.approx([0.03, 0.06, 0.06])
+    assert "spearman_p_holm" not in table["d"]
+
+
 def test_replay_correlates_with_the_recorded_ratings_clustered_by_persona(raw, tmp_path):
     """A backend that knows each real person's Detail answer rates every assistant turn from it: the
     replayed correlation must come out +1 for a rating rising with it and -1 for one falling."""
