@@ -15,7 +15,7 @@ simulated users compare with RecLLMSim's LLM users and real people.
   Chinese translations (``content_zh``), never against English. Kolmogorov-Smirnov statistics for the
   distributions, total variation distance for the intent mix.
 - **Controllability**: words per user turn as sent (after the refinement tools) by the persona's
-  sentence-length setting (short personas should write the shortest turns: the means are reported in
+  message-length setting (short personas should write the shortest turns: the means are reported in
   order, with a chart), and each tool's judged level against the persona's level (the tools run in
   order, so a later tool judges the message as the earlier ones left it).
 
@@ -183,14 +183,15 @@ def controllability(turns: list[dict], personas: dict[int, dict]) -> dict:
         if not t.get("message"):
             continue
         persona = personas[t["persona"]]
-        level = persona["language"].get("sentence_length")
+        level = persona["language"].get("message_length")
         if level:
             by_level.setdefault(level, []).append(len(t["message"].split()))
         for entry in t.get("refinements") or []:
-            if entry.get("judged") is not None:
-                judged.setdefault(entry["tool"], Counter())[f"{entry['target']}->{entry['judged']}"] += 1
+            level = entry.get("final", entry.get("judged"))  # the level of the message as sent
+            if level is not None:
+                judged.setdefault(entry["tool"], Counter())[f"{entry['target']}->{level}"] += 1
     return {
-        "words_by_sentence_length_setting": {k: describe(v) for k, v in sorted(by_level.items())},
+        "words_by_message_length_setting": {k: describe(v) for k, v in sorted(by_level.items())},
         "judged_levels_persona_to_judged": {tool: dict(c) for tool, c in judged.items()},
         "raw": by_level,
     }
@@ -241,7 +242,7 @@ def plot_lengths(control: dict, real_words: list[int], path: Path) -> None:
         range(1, len(data) + 1), labels=[f"simulated: {k}" for k in order] + ["RecLLMSim LLM users"]
     )
     ax.set_ylabel("words per user turn (English)")
-    ax.set_title("User-turn length by the persona's sentence-length setting")
+    ax.set_title("User-turn length by the persona's message-length setting")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -283,10 +284,10 @@ def table(results: dict) -> str:
                 f"macro-F1 {r['macro_f1']}, {r['train']} train / {r['test']} test dialogues"
             )
     lines.append(
-        "Words per user turn by the persona's sentence-length setting: "
+        "Words per user turn by the persona's message-length setting: "
         + ", ".join(
             f"{k}: {v.get('mean')} (n={v.get('n')})"
-            for k, v in results["controllability"]["words_by_sentence_length_setting"].items()
+            for k, v in results["controllability"]["words_by_message_length_setting"].items()
         )
     )
     return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from agents.converse import profiles
 from agents.converse.config import ConfigError, load_config
 from agents.converse.crs import AgentCRS, BaseCRS, Session, load_restaurants
 from agents.converse.run import run
-from agents.converse.simulator import User, UserSimulator, words_per_sentence
+from agents.converse.simulator import User, UserSimulator, words_per_message
 from data_prep import recllmsim
 
 
@@ -34,7 +34,7 @@ def persona(**changes):
         id=0, gender="Female", age=30, occupation="Engineer", personality=["Calm"], interests=["Reading"],
         spending=["Frugal"], preferences=["Seafood", "Japanese cuisine"], dislikes=["Fast food"],
         place="at home", time="evening", company="alone",
-        language={"information_richness": "medium", "formality": "low", "sentence_length": "short"},
+        language={"information_richness": "medium", "formality": "low", "message_length": "short"},
         action={"decisiveness": "decisive", "exploration": "exploratory"},
         task="Choose a restaurant for dinner.", task_type="choosing restaurant",
     )  # fmt: skip
@@ -62,7 +62,7 @@ def test_priors_come_from_the_data_and_sampling_follows_the_seed(sources, raw):
     assert [p.to_json() for p in one] == [p.to_json() for p in two]
     for p in one:
         assert not set(p.preferences) & set(p.dislikes) and "[" not in p.task
-        assert set(p.language) == {"information_richness", "formality", "sentence_length"}
+        assert set(p.language) == {"information_richness", "formality", "message_length"}
 
 
 def test_template_slots_are_drawn_once_and_mapped():
@@ -125,7 +125,7 @@ def test_persona_facts_style_tendencies_and_satisfaction_reach_the_prompts_that_
     backend = Scripted()
     simulator = UserSimulator(config("refinement.enabled=false"), backend, np.random.default_rng(0))
     who = persona(action={"decisiveness": "hesitant", "exploration": "conservative"},
-                  language={"information_richness": "high", "formality": "high", "sentence_length": "long"})  # fmt: skip
+                  language={"information_richness": "high", "formality": "high", "message_length": "long"})  # fmt: skip
     user = User(who)
     simulator.step([user], [None])
     simulator.step([user], [Reply("Try Umami Noodle Bar.")])
@@ -225,19 +225,56 @@ def test_a_well_fitting_new_suggestion_may_become_a_preference():
 
 
 def test_the_rule_judger_and_the_llm_judger_each_lead_to_a_logged_rewrite():
-    assert words_per_sentence("One two three. Four five six seven!") == 3.5
+    assert words_per_message("One two three. Four five six seven!") == 7
     backend = Scripted(judged="medium")
     simulator = UserSimulator(config(), backend, np.random.default_rng(0))
-    log = simulator.step([User(persona())], [None])[0]
+    writer = persona(
+        language={"information_richness": "medium", "formality": "low", "message_length": "long"}
+    )
+    log = simulator.step([User(writer)], [None])[0]
     tools = {r["tool"]: r for r in log["refinements"]}
-    # the response has 12 words in one sentence: "medium" length (8 < 12 <= 16), the persona writes short
-    assert tools["sentence length"]["judged"] == "medium" and tools["sentence length"]["target"] == "short"
-    assert tools["sentence length"]["after"] == "Rewritten. Short."
+    # the response has 11 words: "short" (under the default 58), the persona writes long messages
+    assert tools["message length"]["judged"] == "short" and tools["message length"]["target"] == "long"
+    assert tools["message length"]["after"] == "Rewritten. Short."
     assert tools["formality"]["judged"] == "medium" and "after" in tools["formality"]  # persona: low
     assert (
         tools["information richness"]["judged"] == "medium" and "after" not in tools["information richness"]
     )
     assert log["message"] == "Rewritten. Short." and backend.kinds.count("refine") == 2
+    # the logged level is the final message's: the rewrite is judged again by every tool
+    assert tools["message length"]["final"] == "short" and tools["formality"]["final"] == "medium"
+    assert backend.kinds.count("judge") == 4  # formality and richness, before and after
+
+
+def test_long_turns_are_shown_whole_or_cut_by_tokens_and_counted():
+    from transformers import AutoTokenizer
+
+    from data_prep.offline_models import resolve_model
+
+    backend = Scripted()
+    backend.tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct-offline"))
+    long_reply = "word " * 700  # about 700 tokens: far past the old 600-character cut
+    dialogue = [("user", "hi"), ("assistant", long_reply), ("user", "and?"), ("assistant", long_reply)]
+    whole = UserSimulator(config("transcript_tokens=2000"), backend, np.random.default_rng(0))
+    text = whole.transcript(dialogue)
+    assert text.count("word") == 1400 and "…" not in text and not whole.counts["turns_cut"]
+    tight = UserSimulator(config("transcript_tokens=800"), backend, np.random.default_rng(0))
+    text = tight.transcript(dialogue)
+    lines = text.splitlines()  # the newest reply whole; "and?" fits; the older reply cut; "hi" left out
+    assert lines[-1].count("word") == 700 and lines[-2] == "You: and?" and lines[0].endswith("…")
+    assert 0 < lines[0].count("word") < 700 and "hi" not in text
+    assert tight.counts["turns_cut"] == 1 and tight.counts["turns_left_out"] == 1
+    newest = UserSimulator(config("transcript_tokens=64"), backend, np.random.default_rng(0))
+    assert newest.transcript(dialogue).count("word") == 700  # the message being rated: never cut
+
+
+def test_a_planning_request_is_the_datas_planning_intent():
+    from agents.converse.simulator import ACTION_INTENT, FIRST_ACTION
+
+    backend = Scripted(actions=[["ask_plan"]])
+    log = UserSimulator(config(), backend, np.random.default_rng(0)).step([User(persona())], [None])[0]
+    assert log["actions"] == ["ask_plan"] and log["intent"] == ACTION_INTENT["ask_plan"] == "plan"
+    assert "ask_plan" in FIRST_ACTION.schema
 
 
 def test_a_tool_added_by_config_refines_its_own_trait():
@@ -250,7 +287,7 @@ def test_a_tool_added_by_config_refines_its_own_trait():
     log = simulator.step([User(persona(language={"politeness": "high"}))], [None])[0]
     assert log["refinements"] == [
         {"tool": "politeness", "judged": "low", "target": "high", "before": log["refinements"][0]["before"],
-         "after": "Rewritten. Short."}
+         "after": "Rewritten. Short.", "final": "low"}
     ]  # fmt: skip
     with pytest.raises(ConfigError, match="not in priors.language"):
         config("refinement.tools=[{name: tone, trait: tone, question: q}]")
@@ -415,7 +452,7 @@ def test_the_evaluation_of_a_run_by_hand(raw, tmp_path):
         people["words_per_user_turn_en"].startswith("not comparable")
         and people["chars_per_user_turn_zh"]["n"] > 1000
     )
-    words = results["controllability"]["words_by_sentence_length_setting"]
+    words = results["controllability"]["words_by_message_length_setting"]
     assert sum(v["n"] for v in words.values()) == 60  # 2 recommenders x 10 dialogues x 3 turns
     assert (tmp_path / "eval" / "lengths.png").stat().st_size > 0
     assert (tmp_path / "eval" / "traits.png").stat().st_size > 0

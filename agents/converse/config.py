@@ -46,7 +46,7 @@ class PriorsConfig:
         default_factory=lambda: {
             "information_richness": {"low": 0.3, "medium": 0.45, "high": 0.25},
             "formality": {"low": 0.4, "medium": 0.4, "high": 0.2},
-            "sentence_length": {"short": 0.35, "medium": 0.45, "long": 0.2},
+            "message_length": {"short": 0.35, "medium": 0.45, "long": 0.2},
         }
     )
     decisiveness: dict[str, float] = field(default_factory=lambda: {"decisive": 0.5, "hesitant": 0.5})
@@ -65,17 +65,18 @@ class RatingConfig:
 
 @dataclass(config=STRICT)
 class ToolConfig:
-    """One refinement tool: a judger and a refiner for one language pattern. ``judge: rule`` (sentence
-    length: words per sentence against ``thresholds``) or ``judge: llm`` (the LLM picks a level for
+    """One refinement tool: a judger and a refiner for one language pattern. ``judge: rule`` (message
+    length: words per message against ``thresholds``) or ``judge: llm`` (the LLM picks a level for
     ``question``); the refiner is the LLM, asked to rewrite toward the persona's level."""
 
     name: str
     trait: str  # the language trait (priors.language) the persona's level comes from
     judge: str = Field("llm", pattern="^(rule|llm)$")
     question: str = ""  # llm judger: what it is asked, answered with one of the trait's levels
-    thresholds: list[float] = field(
-        default_factory=lambda: [8.0, 16.0]
-    )  # rule: short < a <= medium <= b < long
+    # rule: short < a <= medium <= b < long, in words per message. The default: the tertiles of
+    # RecLLMSim's LLM users' words per message (7,096 user turns: 58 and 96), the lengths the
+    # evaluation compares with (the RecUserSim paper's own thresholds were not available offline)
+    thresholds: list[float] = field(default_factory=lambda: [58.0, 96.0])
 
 
 @dataclass(config=STRICT)
@@ -83,7 +84,7 @@ class RefinementConfig:
     enabled: bool = True
     tools: list[ToolConfig] = field(
         default_factory=lambda: [
-            ToolConfig(name="sentence length", trait="sentence_length", judge="rule"),
+            ToolConfig(name="message length", trait="message_length", judge="rule"),
             ToolConfig(
                 name="formality",
                 trait="formality",
@@ -130,6 +131,10 @@ class ConverseConfig:
     seed: int = 0
     temperature: float = Field(0.7, ge=0)
     transcript_turns: int = Field(6, ge=1)  # the simulator's prompts show this many last turns
+    # ... whole, as long as they fit this many tokens together (the assistant message being rated always
+    # whole); an older turn that does not fit is cut by tokens, marked "…" and counted (turns_cut)
+    transcript_tokens: int = Field(1536, ge=64)
+    message_tokens: int = Field(320, ge=16)  # the most tokens a user message may take (cut_short counted)
     priors: PriorsConfig = field(default_factory=PriorsConfig)
     conflicts: list[list[str]] = field(
         default_factory=lambda: [

@@ -8,7 +8,7 @@
   the real people and the 100 profiles of the preference pool together. ``estimate_priors`` reports
   tags it could not map.
 - **Environment** (place, time, company) and the **behaviour traits** (language pattern: information
-  richness, formality, sentence length; action pattern: decisive or hesitant, exploratory or
+  richness, formality, message length; action pattern: decisive or hesitant, exploratory or
   conservative) have no data: their priors are set by hand in the config (``priors``; docs/converse.md).
 - **Conflicts**: pairs of preferences that cannot both hold (``conflicts`` in the config, e.g. Vegan
   and Seafood) are detected after sampling and resolved by the LLM, which chooses the one this persona
@@ -50,7 +50,7 @@ class Persona:
     place: str
     time: str
     company: str
-    language: dict[str, str]  # information_richness, formality, sentence_length -> level
+    language: dict[str, str]  # information_richness, formality, message_length -> level
     action: dict[str, str]  # decisiveness, exploration -> level
     task: str  # the task context
     task_type: str
@@ -74,10 +74,10 @@ class Persona:
         """The language pattern in words, for the response prompt (a trait added by config is named as
         it is: "politeness: high")."""
         words = {
-            "sentence_length": {
-                "short": "Write very short sentences.",
-                "medium": "Write sentences of ordinary length.",
-                "long": "Write long sentences.",
+            "message_length": {
+                "short": "Keep your message short.",
+                "medium": "Write a message of ordinary length.",
+                "long": "Write a long, full message.",
             },
             "formality": {
                 "low": "Write casually.",

@@ -14,10 +14,11 @@ the refinement tools; batched across the dialogues of a run.
   ``patience`` rated turns in a row (decisive people have less patience).
 - **Response**: from the persona, the dialogue, the satisfaction in words and the chosen actions, in
   the persona's language pattern.
-- **Refinement**: each configured tool judges the message on its trait (a rule for sentence length;
+- **Refinement**: each configured tool judges the message on its trait (a rule for message length;
   the LLM for formality and information richness) and, when the judged level is not the persona's,
   the LLM rewrites it toward that level; tools run in order and not on a closing message. Every
-  judgement and rewrite is logged.
+  judgement and rewrite is logged, and each trait's level is judged once more on the message as sent
+  (``final``: what the evaluation reads).
 
 Ratings, actions, judgements and messages are structured outputs; an unusable answer becomes a logged,
 counted fallback (no rating; request_recommendation; a fixed message; no rewrite).
@@ -28,7 +29,6 @@ simulator's ratings are checked against people's).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -36,12 +36,12 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.llm import Constraint, Sampling, count_tokens
-from data_prep.prompt import MAX_TURN_CHARS, _short
 
-ACTIONS = ["request_recommendation", "clarify_preference", "give_feedback", "ask_attributes", "end"]
+ACTIONS = ["request_recommendation", "clarify_preference", "ask_plan", "give_feedback", "ask_attributes", "end"]
 ACTION_TEXT = {
     "request_recommendation": "ask for a (new) recommendation",
     "clarify_preference": "tell the assistant more about what you want",
+    "ask_plan": "ask the assistant to plan it with you (the steps, a schedule, an itinerary)",
     "give_feedback": "say what you think of the last suggestion",
     "ask_attributes": "ask about details of a suggested place (price, dishes, atmosphere)",
     "end": "end the conversation (you have decided, or you give up)",
@@ -50,6 +50,7 @@ ACTION_TEXT = {
 ACTION_INTENT = {
     "request_recommendation": "recommend",
     "clarify_preference": "other",
+    "ask_plan": "plan",
     "give_feedback": "evaluate",
     "ask_attributes": "search",
     "end": "other",
@@ -61,12 +62,12 @@ TENDENCY = {
     "conservative": "You prefer what you already know you like.",
 }
 RATING = Constraint.json_object(
-    rationale={"type": "string", "minLength": 1, "maxLength": 200},
+    rationale={"type": "string", "minLength": 1},
     language_quality={"type": "integer", "minimum": 1, "maximum": 5},
     action_quality={"type": "integer", "minimum": 1, "maximum": 5},
     recommended={"type": "boolean"},
     recommendation_quality={"type": "integer", "minimum": 1, "maximum": 5},
-    new_preference={"type": "string", "maxLength": 40},
+    new_preference={"type": "string"},
     fit={"type": "integer", "minimum": 1, "maximum": 5},
 )
 ACTION = Constraint.json_object(
@@ -75,12 +76,13 @@ ACTION = Constraint.json_object(
 FIRST_ACTION = Constraint.json_object(
     actions={
         "type": "array",
-        "items": {"type": "string", "enum": ["request_recommendation", "clarify_preference"]},
+        "items": {"type": "string", "enum": ["request_recommendation", "clarify_preference", "ask_plan"]},
         "minItems": 1,
         "maxItems": 2,
     }
 )
-MESSAGE = Constraint.json_object(message={"type": "string", "minLength": 1, "maxLength": 300})
+# no character caps: a message is bounded by config.message_tokens (a cut is counted as cut_short)
+MESSAGE = Constraint.json_object(message={"type": "string", "minLength": 1})
 FALLBACK_MESSAGE = "Could you suggest something?"
 
 
@@ -96,9 +98,8 @@ def satisfaction_words(score: float | None) -> str:
     return "You are frustrated with the assistant."
 
 
-def words_per_sentence(text: str) -> float:
-    sentences = [s for s in re.split(r"[.!?。！？]+", text) if s.strip()]
-    return len(text.split()) / max(len(sentences), 1)
+def words_per_message(text: str) -> int:
+    return len(text.split())
 
 
 def known_preferences(persona) -> set[str]:
@@ -128,6 +129,9 @@ class UserSimulator:
         """config: ConverseConfig; backend: a shared LLM backend; rng: the run's generator."""
         self.config, self.backend, self.rng = config, backend, rng
         self.counts: Counter = Counter()
+        # the backend's tokenizer measures the transcript (an openai backend has one when its config
+        # names it); without one, turns are shown whole and the prompt is not fitted (counted)
+        self.tokenizer = getattr(backend, "tokenizer", None)
 
     def generate(self, prompts: list[str], constraint: Constraint, kind: str, tokens: int = 160) -> list[str]:
         if not prompts:
@@ -144,12 +148,30 @@ class UserSimulator:
         return answers
 
     def transcript(self, dialogue: list[tuple[str, str]]) -> str:
-        """The last ``transcript_turns`` turns, each cut at MAX_TURN_CHARS characters."""
+        """The last ``transcript_turns`` turns, whole while they fit ``transcript_tokens`` together,
+        newest first; the newest (the message being rated or answered) always whole. The first older
+        turn that does not fit is cut by tokens and marked "…" (counted: turns_cut), and turns older
+        than it are left out (counted: turns_left_out)."""
         lines = [
-            f"{'You' if r == 'user' else 'Assistant'}: {_short(t, MAX_TURN_CHARS)}"
+            f"{'You' if r == 'user' else 'Assistant'}: {' '.join(str(t).split())}"
             for r, t in dialogue[-self.config.transcript_turns :]
         ]
-        return "\n".join(lines)
+        if self.tokenizer is None:
+            self.counts["transcripts_unmeasured"] += bool(lines)
+            return "\n".join(lines)
+        budget, kept = self.config.transcript_tokens, []
+        for k in range(len(lines) - 1, -1, -1):
+            ids = self.tokenizer(lines[k], add_special_tokens=False)["input_ids"]
+            if k == len(lines) - 1 or len(ids) <= budget:
+                kept.append(lines[k])
+                budget -= len(ids)
+                continue
+            self.counts["turns_cut"] += 1
+            self.counts["turns_left_out"] += k
+            if budget > 0:
+                kept.append(self.tokenizer.decode(ids[:budget]).rstrip() + "…")
+            break
+        return "\n".join(reversed(kept))
 
     # -- rating -------------------------------------------------------------------------------------------
     def rate(self, items: list[dict]) -> list[dict | None]:
@@ -241,7 +263,7 @@ class UserSimulator:
         for user in users:
             persona = user.persona
             score = user.scores[-1] if user.scores else None
-            options = ACTIONS if user.dialogue else ACTIONS[:2]
+            options = ACTIONS if user.dialogue else ACTIONS[:3]
             listing = "\n".join(f"{a}: {ACTION_TEXT[a]}" for a in options)
             prompts.append(
                 f"{persona.describe()}\nYour task: {persona.task}\n{TENDENCY[persona.action['decisiveness']]} "
@@ -277,7 +299,7 @@ class UserSimulator:
                 f"Write your next message to the assistant. In it you {wanted}.{closing}"
             )
         messages = []
-        for answer in self.generate(prompts, MESSAGE, "response", 100):
+        for answer in self.generate(prompts, MESSAGE, "response", self.config.message_tokens):
             value = MESSAGE.parse(answer)
             if value is None or not value["message"].strip():
                 self.counts["fallback:response"] += 1
@@ -344,7 +366,7 @@ class UserSimulator:
                 f"Keep its meaning and write only the message.\nMessage: {messages[i]}"
                 for i, level, target in redo
             ]
-            rewritten = self.generate(prompts, MESSAGE, f"refine:{tool.name}", 100)
+            rewritten = self.generate(prompts, MESSAGE, f"refine:{tool.name}", self.config.message_tokens)
             done = {}
             for (i, level, target), answer in zip(redo, rewritten, strict=True):
                 value = MESSAGE.parse(answer)
@@ -362,6 +384,13 @@ class UserSimulator:
                     entry.update(before=messages[i], after=done[i][2])
                     messages[i] = done[i][2]
                 logs[i]["refinements"].append(entry)
+        # the level of what is finally sent, per trait: every tool judges the final message again (a later
+        # tool's rewrite can change an earlier tool's trait)
+        open_ = [i for i, u in enumerate(users) if not u.ended]
+        for tool in self.config.refinement.tools:
+            levels = list(self.config.priors.language[tool.trait])
+            for i, level in zip(open_, self.judge(tool, [messages[i] for i in open_], levels), strict=True):
+                next(e for e in logs[i]["refinements"] if e["tool"] == tool.name)["final"] = level
         return messages
 
     def judge(self, tool, messages: list[str], levels: list[str]) -> list[str | None]:
@@ -369,7 +398,7 @@ class UserSimulator:
             low, high = tool.thresholds
             out = []
             for message in messages:
-                words = words_per_sentence(message)
+                words = words_per_message(message)
                 out.append(
                     levels[0] if words < low else levels[-1] if words > high else levels[len(levels) // 2]
                 )
