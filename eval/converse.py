@@ -105,6 +105,59 @@ def ratings(turns: list[dict], crs_names: list[str]) -> dict:
     return out
 
 
+def goal_metrics(dialogues: list[dict], turns: list[dict], crs_names: list[str], ks=(1, 3, 5)) -> dict | None:
+    """Catalogue goals (iEvaLM-style), per recommender: success (a target recommended in the dialogue),
+    recall@k (the share of the goal's targets among its first k recommendations), the user turn of the
+    first success, and the objective fit of what it recommended (goals.objective_fit, measured apart from
+    the LLM's own recommendation score); each with a BCa interval over dialogues; paired differences of
+    success and fit between recommenders over the same personas. None when the run has no goals."""
+    if not any(d.get("targets") for d in dialogues):
+        return None
+    per: dict[str, dict[str, dict[int, float]]] = {}
+    for name in crs_names:
+        mine = [d for d in dialogues if d["crs"] == name and d.get("targets")]
+        values = {"success": {d["persona"]: float(d["success"]) for d in mine}}
+        for k in ks:
+            values[f"recall@{k}"] = {
+                d["persona"]: len(set(d["recommended"][:k]) & set(d["targets"])) / len(d["targets"])
+                for d in mine
+            }
+        fits: dict[int, list[float]] = {}
+        llm: dict[int, list[float]] = {}
+        for t in turns:
+            rating = t.get("rating") or {}
+            if t["crs"] == name and rating.get("llm_objective") is not None:
+                fits.setdefault(t["persona"], []).append(rating["objective"])
+                llm.setdefault(t["persona"], []).append(rating["llm_objective"])
+        values["objective_fit"] = {p: float(np.mean(v)) for p, v in fits.items()}
+        values["llm_recommendation_score"] = {p: float(np.mean(v)) for p, v in llm.items()}
+        per[name] = values
+    out: dict = {"per_crs": {}, "paired": {}}
+    for name, values in per.items():
+        row = {
+            key: {"mean": round(float(np.mean(list(v.values()))), 3) if v else None,
+                  "ci95": interval(list(v.values())) if v else None, "dialogues": len(v)}
+            for key, v in values.items()
+        }  # fmt: skip
+        turns_to = [d["success_turn"] for d in dialogues if d["crs"] == name and d.get("success_turn")]
+        row["turns_to_success"] = {
+            "mean": round(float(np.mean(turns_to)), 2) if turns_to else None,
+            "ci95": interval(turns_to) if turns_to else None,
+            "dialogues": len(turns_to),
+        }
+        out["per_crs"][name] = row
+    for i, a in enumerate(crs_names):
+        for b in crs_names[i + 1 :]:
+            for key in ("success", "objective_fit"):
+                both = sorted(set(per[a][key]) & set(per[b][key]))
+                if both:
+                    diff = [per[a][key][p] - per[b][key][p] for p in both]
+                    out["paired"][f"{a} - {b}: {key}"] = {
+                        "mean": round(float(np.mean(diff)), 3), "ci95": interval(diff), "dialogues": len(both)
+                    }  # fmt: skip
+    return out
+
+
 def reference(root: Path) -> dict:
     """RecLLMSim's figures: user turns per conversation, words (English) and characters (Chinese) per
     user turn, and the intent mix, for the LLM users and the real people."""
@@ -261,6 +314,32 @@ def table(results: dict) -> str:
         ci = f" [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r["ci95"] else ""
         lines.append(f"| paired {name} | {r['mean']:+.2f}{ci} (n={r['dialogues']}) | | |")
     lines.append("")
+    if results.get("goals"):
+        keys = [
+            "success",
+            "recall@1",
+            "recall@5",
+            "turns_to_success",
+            "objective_fit",
+            "llm_recommendation_score",
+        ]
+        lines += [
+            "| recommender (catalogue goals) | " + " | ".join(keys) + " |",
+            "|---|" + "---|" * len(keys),
+        ]
+        for name, row in results["goals"]["per_crs"].items():
+            cells = []
+            for key in keys:
+                r = row[key]
+                ci = f" [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]" if r["ci95"] else ""
+                cells.append(f"{r['mean']:.2f}{ci} (n={r['dialogues']})" if r["mean"] is not None else "")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        for name, r in results["goals"]["paired"].items():
+            ci = f" [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r["ci95"] else ""
+            lines.append(
+                f"| paired {name} | {r['mean']:+.2f}{ci} (n={r['dialogues']}) |" + " |" * (len(keys) - 1)
+            )
+        lines.append("")
     sim = results["realism"]["simulated"]
     lines += [
         "| users | user turns per dialogue (mean) | words per user turn, English (mean) | chars per user turn, Chinese (mean) | KS turns | KS words | TV intents |",
@@ -529,6 +608,7 @@ def evaluate(run: Path, data: Path, out: Path) -> dict:
     results = {
         "run": str(run),
         "ratings": ratings(turns, list(summary["crs"])),
+        "goals": goal_metrics(dialogues, turns, list(summary["crs"])),
         "realism": realism(turns, dialogues, ref),
         "controllability": {k: v for k, v in control.items() if k != "raw"},
         "identification": identification(dialogues, personas, data),

@@ -122,6 +122,14 @@ class ConverseConfig:
     setting: str = Field("yelp", pattern="^(yelp|recllmsim)$")  # restaurants from Yelp, or RecLLMSim's tasks
     data: str = "../shared/data/raw/recllmsim"
     catalogue: str = "../shared/data/raw/yelp_asc_sample/item_subset.json"  # yelp: the restaurants
+    # yelp: sampled (RecLLMSim-style personas in the catalogue's cities, judged by the LLM) or goals
+    # (catalogue tasks: each persona is a real Yelp user at a cutoff, with the places they really went to
+    # next as targets; agents/converse/goals.py); goals need the sample's reviews
+    personas: str = Field("sampled", pattern="^(sampled|goals)$")
+    reviews: str = "../shared/data/raw/yelp_asc_sample/review_subset.json"  # goals: the real visits
+    goal_users: str = "../shared/data/raw/yelp_asc_sample/user_subset.json"  # goals: whose (empty: all)
+    # who writes a goal persona's message: the LLM (told the act and its slot) or a template stating them
+    user_text: str = Field("llm", pattern="^(llm|template)$")
     crs: list[str] = field(
         default_factory=lambda: ["base", "agent"]
     )  # yelp: base, agent; recllmsim: assistant; either: a name from plugins, or package.module:Class
@@ -164,14 +172,22 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> ConverseC
     for name in config.crs:  # the shorthand: a python plug-in named by its import path in crs itself
         if name not in config.plugins and is_target(name):
             config.plugins[name] = PluginConfig(transport="python", target=name)
-    allowed = {"yelp": {"base", "agent", "assistant"}, "recllmsim": {"assistant"}}[config.setting]
+    allowed = {"yelp": {"base", "agent", "assistant", "random", "oracle"}, "recllmsim": {"assistant"}}[
+        config.setting
+    ]
+    if config.personas == "goals" and config.setting != "yelp":
+        raise ConfigError(f"{path or 'config'}: personas: goals are catalogue tasks (setting: yelp)")
+    if "oracle" in config.crs and config.personas != "goals":
+        raise ConfigError(
+            f"{path or 'config'}: crs: the oracle recommends a goal's targets (personas: goals)"
+        )
     wrong = [name for name in config.crs if name not in allowed and name not in config.plugins]
     if wrong or not config.crs:
         raise ConfigError(
             f"{path or 'config'}: crs: {wrong or 'none'} for setting {config.setting!r} (one of "
             f"{sorted(allowed)}, a name from plugins {sorted(config.plugins)}, or package.module:Class)"
         )
-    clash = sorted(set(config.plugins) & {"base", "agent", "assistant"})
+    clash = sorted(set(config.plugins) & {"base", "agent", "assistant", "random", "oracle"})
     if clash:
         raise ConfigError(f"{path or 'config'}: plugins: {clash} would hide the built-in recommenders")
     for pair in config.conflicts:

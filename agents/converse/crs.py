@@ -22,6 +22,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from agents.llm import Constraint, Sampling
 from agents.retrieval import BM25, top_indices
 
@@ -74,6 +76,7 @@ class Session:
     recommended: list[str] = field(default_factory=list)  # catalogue ids, in order
     likes: list[str] = field(default_factory=list)
     dislikes: list[str] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)  # a catalogue goal's targets: only the oracle reads them
 
 
 @dataclass
@@ -164,7 +167,8 @@ class BaseCRS(CRS):
                 reply = Reply(FALLBACK, [], fallback=True)
             else:  # 0 means "none yet" (the schema allows 0 to the number of places shown)
                 numbers = [n for n in value["recommend"] if 1 <= n <= len(candidates)]
-                reply = Reply(value["reply"], [candidates[n - 1].id for n in dict.fromkeys(numbers)])
+                places = [candidates[n - 1] for n in dict.fromkeys(numbers)]
+                reply = Reply(named(value["reply"], places), [p.id for p in places])
             session.dialogue.append(("assistant", reply.text))
             session.recommended += reply.recommended
             replies.append(reply)
@@ -250,9 +254,12 @@ class AgentCRS(CRS):
             if value is None or not value["reply"].strip():
                 reply = Reply(FALLBACK, [], plan=plan, fallback=True)
             else:
-                recommended = [pick.id] if plan == "recommend" and pick else []
+                places = [pick] if plan == "recommend" and pick else []
                 reply = Reply(
-                    value["reply"], recommended, plan=plan, nothing_found=plan == "recommend" and not pick
+                    named(value["reply"], places),
+                    [p.id for p in places],
+                    plan=plan,
+                    nothing_found=plan == "recommend" and not pick,
                 )
             session.dialogue.append(("assistant", reply.text))
             session.recommended += reply.recommended
@@ -282,4 +289,62 @@ class Assistant(CRS):
         return replies
 
 
-RECOMMENDERS = {"base": BaseCRS, "agent": AgentCRS, "assistant": Assistant}
+def naming(place: Restaurant) -> str:
+    stars = f", {place.stars:g} stars on Yelp" if place.stars else ""
+    return f"I recommend {place.name} ({', '.join(place.categories[:3])}; {place.city}{', ' + place.price if place.price else ''}{stars})."
+
+
+def named(text: str, places: list[Restaurant]) -> str:
+    """A reply that recommends places names them: a place the LLM's words leave out is added plainly."""
+    missing = [p for p in places if p.name.lower() not in text.lower()]
+    return " ".join([text.strip(), *(naming(p) for p in missing)])
+
+
+class RandomCRS(CRS):
+    """The ladder's floor: a catalogue place drawn at random each turn (never twice), named plainly."""
+
+    name = "random"
+
+    def __init__(self, backend, catalogue, temperature=0.7, seed=0):
+        super().__init__(backend, catalogue, temperature, seed)
+        self.rng = np.random.default_rng(seed)
+
+    def respond(self, sessions: list[Session], texts: list[str]) -> list[Reply]:
+        replies = []
+        for session, text in zip(sessions, texts, strict=True):
+            session.dialogue.append(("user", text))
+            left = [r for r in self.catalogue if r.id not in session.recommended]
+            place = left[int(self.rng.integers(len(left)))]
+            reply = Reply(naming(place), [place.id])
+            session.dialogue.append(("assistant", reply.text))
+            session.recommended += reply.recommended
+            replies.append(reply)
+        return replies
+
+
+class OracleCRS(CRS):
+    """The ladder's ceiling: recommends the goal's targets in order, named plainly. It reads what no real
+    CRS knows (``Session.targets``): an instrument to check that the simulator can tell good from bad."""
+
+    name = "oracle"
+
+    def respond(self, sessions: list[Session], texts: list[str]) -> list[Reply]:
+        replies = []
+        for session, text in zip(sessions, texts, strict=True):
+            session.dialogue.append(("user", text))
+            left = [i for i in session.targets if i not in session.recommended] or session.targets[-1:]
+            place = self.by_id[left[0]]
+            reply = Reply(naming(place), [place.id])
+            session.dialogue.append(("assistant", reply.text))
+            session.recommended += reply.recommended
+            replies.append(reply)
+        return replies
+
+
+RECOMMENDERS = {
+    "base": BaseCRS,
+    "agent": AgentCRS,
+    "assistant": Assistant,
+    "random": RandomCRS,
+    "oracle": OracleCRS,
+}

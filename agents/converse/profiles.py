@@ -55,6 +55,9 @@ class Persona:
     task: str  # the task context
     task_type: str
     resolutions: list[dict] = field(default_factory=list)  # conflicts and how the LLM resolved them
+    goal: dict | None = (
+        None  # a catalogue task: a real Yelp user's goal and targets (agents/converse/goals.py)
+    )
     adopted: list[dict] = field(default_factory=list)  # preferences adopted in a dialogue (excitation)
 
     def describe(self) -> str:
@@ -97,6 +100,11 @@ class Persona:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def goal_of(self):
+        from agents.converse.goals import Goal
+
+        return Goal(**self.goal) if self.goal else None
 
 
 def estimate_priors(loaded, tags: dict[str, dict[str, str]], pool: list[dict]) -> tuple[dict, dict]:
@@ -164,15 +172,29 @@ def fill_template(template: str, slots: dict[str, list[str]], rng: np.random.Gen
 
 
 def sample_personas(
-    n: int, priors: dict, contexts: dict, config, rng: np.random.Generator, task_types: list[str], cities=None
+    n: int,
+    priors: dict,
+    contexts: dict,
+    config,
+    rng: np.random.Generator,
+    task_types: list[str],
+    cities=None,
+    goals=None,
 ) -> list[Persona]:
-    """n personas, each with a task drawn from ``task_types`` (conflicts not yet resolved)."""
+    """n personas, each with a task drawn from ``task_types`` (conflicts not yet resolved). With
+    ``goals`` (catalogue tasks, agents/converse/goals.py) persona i is goal i's real user: the dining
+    preferences and dislikes are that user's categories before the cutoff and the task is placed in the
+    goal's city; the rest is drawn as for any persona."""
     hand = config.priors
     personas = []
     for i in range(n):
         preferences = draw(priors["dining_preferences"], rng, hand.preferences)
         task_type = task_types[int(rng.integers(len(task_types)))]
         fixed = {"PLACE": f"downtown {cities[int(rng.integers(len(cities)))]}"} if cities else None
+        goal = goals[i] if goals else None
+        if goal:
+            preferences = list(dict.fromkeys(goal.liked + goal.categories))[: max(hand.preferences, 1) + 1]
+            fixed = {"PLACE": f"downtown {goal.city}"}
         template = contexts[task_type]
         personas.append(
             Persona(
@@ -184,7 +206,9 @@ def sample_personas(
                 interests=draw(priors["daily_interests"], rng, 2),
                 spending=draw(priors["spending_habits"], rng, 1),
                 preferences=preferences,
-                dislikes=draw(priors["dining_preferences"], rng, hand.dislikes, exclude=preferences),
+                dislikes=list(goal.disliked)
+                if goal
+                else draw(priors["dining_preferences"], rng, hand.dislikes, exclude=preferences),
                 place=draw(hand.place, rng)[0],
                 time=draw(hand.time, rng)[0],
                 company=draw(hand.company, rng)[0],
@@ -194,6 +218,7 @@ def sample_personas(
                 },
                 task=fill_template(template["prompt"], template["slots"], rng, fixed),
                 task_type=task_type,
+                goal=goal.to_json() if goal else None,
             )
         )
     return personas

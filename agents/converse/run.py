@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from agents.converse.config import as_dict, load_config
 from agents.converse.crs import RECOMMENDERS, load_restaurants
+from agents.converse.goals import read_reviews, yelp_goals
 from agents.converse.plugins import PluginCRS, plugin_records
 from agents.converse.profiles import Persona, load_sources, resolve_conflicts, sample_personas
 from agents.converse.simulator import User, UserSimulator
@@ -54,6 +55,10 @@ def run_inputs(config) -> dict:
     inputs = {"config": settings, "data": fingerprint.digest_files(files, data)}
     if config.setting == "yelp":
         inputs["catalogue"] = fingerprint.digest_files([Path(config.catalogue)])
+    if config.personas == "goals":
+        inputs["goals"] = fingerprint.digest_files(
+            [Path(config.reviews)] + ([Path(config.goal_users)] if config.goal_users else [])
+        )
     try:  # a python plug-in's code is an input too: an edited CRS is a new run, not a resumed one
         inputs["plugins"] = {  # where the file lies is provenance, not an input
             name: {k: v for k, v in record.items() if k != "source"}
@@ -83,10 +88,20 @@ def personas_for(config, out: Path, backend) -> tuple[list[Persona], dict]:
         return [Persona(**p) for p in saved["personas"]], saved["report"]
     priors, report, contexts = load_sources(config.data)
     rng = np.random.default_rng([config.seed, 0])
-    cities = None
+    cities, found = None, None
     if config.setting == "yelp":
-        cities = sorted({r.city for r in load_restaurants(config.catalogue) if r.city})
-    personas = sample_personas(config.dialogues, priors, contexts, config, rng, TASKS[config.setting], cities)
+        catalogue = load_restaurants(config.catalogue)
+        cities = sorted({r.city for r in catalogue if r.city})
+        if config.personas == "goals":
+            users = None
+            if config.goal_users:
+                users = {json.loads(line)["user_id"] for line in open(config.goal_users) if line.strip()}
+            found = yelp_goals(read_reviews(Path(config.reviews)), catalogue, config.dialogues, rng, users)
+            report["goals"] = {"users": len({g.user for g in found}), "targets_per_goal": float(
+                np.mean([len(g.targets) for g in found]))}  # fmt: skip
+    personas = sample_personas(
+        config.dialogues, priors, contexts, config, rng, TASKS[config.setting], cities, found
+    )
     report["conflicts"] = resolve_conflicts(personas, config.conflicts, backend, rng)
     report["priors"] = priors
     write_json(path, {"personas": [p.to_json() for p in personas], "report": report})
@@ -110,6 +125,8 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
     """One chunk of dialogues, turn by turn, every LLM call batched across the chunk."""
     users = [User(replace(personas[i], adopted=[])) for i in ids]
     sessions = [type(crs.session)() for _ in ids]
+    for session, user in zip(sessions, users, strict=True):  # only the oracle reads them
+        session.targets = list(user.persona.goal["targets"]) if user.persona.goal else []
     replies = [None] * len(ids)
     turns: list[dict] = []
     active = list(range(len(ids)))
@@ -129,6 +146,8 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
         active = [k for k in reply_to if not users[k].ended]
     dialogues = []
     for k, user in enumerate(users):
+        targets = set(user.persona.goal["targets"]) if user.persona.goal else set()
+        hit = [n for n, item in enumerate(sessions[k].recommended) if item in targets]
         dialogues.append(
             {
                 "crs": crs_name,
@@ -139,6 +158,20 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
                 "satisfaction": user.scores,
                 "adopted": user.persona.adopted,
                 "recommended": sessions[k].recommended,
+                # catalogue goals: whether a target was recommended, and at which recommendation (0-based)
+                "targets": sorted(targets) if targets else None,
+                "success": bool(hit) if targets else None,
+                "first_hit": hit[0] if hit else None,
+                "success_turn": next(
+                    (
+                        t["turn"]
+                        for t in turns
+                        if t["dialogue"] == ids[k]
+                        and t["reply"]
+                        and set(t["reply"]["recommended"] or []) & targets
+                    ),
+                    None,
+                ),  # fmt: skip
                 "transcript": user.dialogue,
             }
         )
@@ -221,7 +254,7 @@ def run(args, backend=None, crs_backend=None) -> dict:
         try:
             for c, name, ids in tqdm(todo, desc="dialogue chunks", unit="chunk"):
                 rng = np.random.default_rng([config.seed, c + 1, ids[0]])
-                simulator = UserSimulator(config, backend, rng)
+                simulator = UserSimulator(config, backend, rng, catalogue)
                 crs = plugged.get(name) or make_crs(
                     name, config, crs_backend, catalogue, int(rng.integers(2**31 - 1))
                 )

@@ -35,9 +35,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
+from agents.converse import goals
 from agents.llm import Constraint, Sampling, count_tokens
 
-ACTIONS = ["request_recommendation", "clarify_preference", "ask_plan", "give_feedback", "ask_attributes", "end"]
+ACTIONS = [
+    "request_recommendation",
+    "clarify_preference",
+    "ask_plan",
+    "give_feedback",
+    "ask_attributes",
+    "end",
+]
 ACTION_TEXT = {
     "request_recommendation": "ask for a (new) recommendation",
     "clarify_preference": "tell the assistant more about what you want",
@@ -117,7 +125,8 @@ class User:
     persona: object  # agents.converse.profiles.Persona
     dialogue: list[tuple[str, str]] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # satisfaction per rated turn
-    ended: str | None = None  # why the conversation ended: chosen | max_turns | impatient
+    ended: str | None = None  # why it ended: chosen | accepted | max_turns | impatient | crs_error
+    stated: set[str] = field(default_factory=set)  # a goal's slots this user has stated (catalogue tasks)
 
     @property
     def turn(self) -> int:
@@ -125,9 +134,11 @@ class User:
 
 
 class UserSimulator:
-    def __init__(self, config, backend, rng: np.random.Generator):
-        """config: ConverseConfig; backend: a shared LLM backend; rng: the run's generator."""
+    def __init__(self, config, backend, rng: np.random.Generator, catalogue: list | None = None):
+        """config: ConverseConfig; backend: a shared LLM backend; rng: the run's generator; catalogue:
+        the restaurants (catalogue tasks: the objective fit of what a CRS recommends)."""
         self.config, self.backend, self.rng = config, backend, rng
+        self.places = {r.id: r for r in catalogue or []}
         self.counts: Counter = Counter()
         # the backend's tokenizer measures the transcript (an openai backend has one when its config
         # names it); without one, turns are shown whole and the prompt is not fitted (counted)
@@ -207,6 +218,9 @@ class UserSimulator:
             }
             if recommended:
                 objective = value["recommendation_quality"]
+                if item.get("fit") is not None:  # a catalogue goal: the objective part is measured, not asked
+                    rating["llm_objective"] = objective
+                    objective = item["fit"]
                 novel = bool(new) and new.lower() not in known_preferences(item["persona"])
                 modifier = self.modifier(item["persona"], novel)
                 raw = objective + modifier
@@ -245,6 +259,7 @@ class UserSimulator:
                     if replies[i].recommended is not None
                     else None,
                     "persona": users[i].persona,
+                    "fit": self.fit(users[i], replies[i]),
                 }
                 for i in rated
             ]
@@ -258,9 +273,11 @@ class UserSimulator:
                 parts.append(rating["recommendation_quality"])
             users[i].scores.append(float(np.mean(parts)))
             self.excite(users[i], rating, logs[i])
-        # actions
+        # actions: a catalogue goal's agenda decides (the act and its slot); the LLM chooses for the others
+        agenda = {i: self.agenda(u, replies[i]) for i, u in enumerate(users) if u.persona.goal}
+        free = [i for i in range(len(users)) if i not in agenda]
         prompts, constraints = [], []
-        for user in users:
+        for user in (users[i] for i in free):
             persona = user.persona
             score = user.scores[-1] if user.scores else None
             options = ACTIONS if user.dialogue else ACTIONS[:3]
@@ -271,48 +288,84 @@ class UserSimulator:
                 f"{satisfaction_words(score)}\nWhat do you do next? Choose one or two:\n{listing}"
             )
             constraints.append(ACTION if user.dialogue else FIRST_ACTION)
-        actions = self.actions(prompts, constraints)
+        chosen_by_llm = dict(zip(free, self.actions(prompts, constraints), strict=True))
+        actions = [[agenda[i][0]] if i in agenda else chosen_by_llm[i] for i in range(len(users))]
         for i, (user, chosen) in enumerate(zip(users, actions, strict=True)):
             logs[i]["actions"] = chosen
+            if i in agenda:
+                logs[i]["slot"] = agenda[i][1]
+                if agenda[i][1]:
+                    user.stated.add(agenda[i][1])
             streak = 0
             for score in reversed(user.scores):
                 if score >= self.config.rating.unhappy_below:
                     break
                 streak += 1
             if "end" in chosen:
-                user.ended = "chosen"
+                user.ended = "accepted" if i in agenda else "chosen"
             elif user.turn + 1 >= self.config.max_turns:
                 user.ended = "max_turns"  # this turn is the last: its message closes
             elif streak >= self.config.rating.patience[user.persona.action["decisiveness"]]:
                 user.ended = "impatient"
                 logs[i]["actions"] = chosen = ["end"]
             logs[i]["ended"] = user.ended
-        # responses
-        prompts = []
-        for user, log in zip(users, logs, strict=True):
+        # responses: the template writes a goal's act where configured (text: template), the LLM the rest
+        templated = {
+            i: goals.template_message(
+                users[i].persona.goal_of(), agenda[i][0], agenda[i][1], not users[i].dialogue
+            )
+            for i in agenda
+            if self.config.user_text == "template"
+        }
+        self.counts["template_messages"] += len(templated)
+        prompts, asked = [], [i for i in range(len(users)) if i not in templated]
+        for user, log in ((users[i], logs[i]) for i in asked):
             persona = user.persona
             wanted = "; ".join(ACTION_TEXT[a] for a in log["actions"])
+            if log.get("slot"):
+                wanted += f": say that you want something {persona.goal_of().slot_text(log['slot'])}"
             closing = " This is your last message: close the conversation." if user.ended else ""
             prompts.append(
                 f"{persona.describe()}\nYour task: {persona.task}\n{persona.style()}\n"
                 f"{self.transcript(user.dialogue)}\n{satisfaction_words(user.scores[-1] if user.scores else None)}\n"
                 f"Write your next message to the assistant. In it you {wanted}.{closing}"
             )
-        messages = []
-        for answer in self.generate(prompts, MESSAGE, "response", self.config.message_tokens):
+        written = {}
+        for i, answer in zip(
+            asked, self.generate(prompts, MESSAGE, "response", self.config.message_tokens), strict=True
+        ):
             value = MESSAGE.parse(answer)
             if value is None or not value["message"].strip():
                 self.counts["fallback:response"] += 1
-                messages.append(FALLBACK_MESSAGE)
+                written[i] = FALLBACK_MESSAGE
             else:
-                messages.append(value["message"].strip())
-        for log in logs:
+                written[i] = value["message"].strip()
+        messages = [templated.get(i, written.get(i)) for i in range(len(users))]
+        for i, log in enumerate(logs):
             log["intent"] = ACTION_INTENT[log["actions"][0]]
-        messages = self.refine(users, messages, logs)
+            log["written_by"] = "template" if i in templated else "llm"
+        messages = self.refine(users, messages, logs, skip=set(templated))
         for user, log, message in zip(users, logs, messages, strict=True):
             user.dialogue.append(("user", message))
             log["message"] = message
         return logs
+
+    def recommended_places(self, reply) -> list:
+        """The catalogue places a reply recommended (none when the CRS does not say)."""
+        ids = (reply.recommended or []) if reply is not None else []
+        return [self.places[i] for i in ids if i in self.places]
+
+    def fit(self, user: User, reply) -> int | None:
+        """A catalogue goal's objective fit of the best place the reply recommended (None: no goal, or
+        nothing known to be recommended)."""
+        places = self.recommended_places(reply)
+        if not user.persona.goal or not places:
+            return None
+        goal = user.persona.goal_of()
+        return max(goals.objective_fit(goal, p) for p in places)
+
+    def agenda(self, user: User, reply) -> tuple[str, str | None]:
+        return goals.next_act(user.persona.goal_of(), user.stated, self.recommended_places(reply) or None)
 
     def actions(self, prompts: list[str], constraints: list[Constraint]) -> list[list[str]]:
         out: list[list[str] | None] = [None] * len(prompts)
@@ -344,8 +397,9 @@ class UserSimulator:
             self.counts["adopted_preferences"] += 1
 
     # -- refinement -----------------------------------------------------------------------------------------
-    def refine(self, users: list[User], messages: list[str], logs: list[dict]) -> list[str]:
-        """Each tool in order: judge every open message, rewrite those off the persona's level."""
+    def refine(self, users: list[User], messages: list[str], logs: list[dict], skip=frozenset()) -> list[str]:
+        """Each tool in order: judge every open message, rewrite those off the persona's level (not the
+        template's messages, ``skip``: the template states facts, not a style)."""
         messages = list(messages)
         for log in logs:
             log["refinements"] = []
@@ -353,7 +407,7 @@ class UserSimulator:
             return messages
         for tool in self.config.refinement.tools:
             levels = list(self.config.priors.language[tool.trait])
-            open_ = [i for i, u in enumerate(users) if not u.ended]  # no refinement of a closing message
+            open_ = [i for i, u in enumerate(users) if not u.ended and i not in skip]  # not a closing message
             judged = self.judge(tool, [messages[i] for i in open_], levels)
             targets = [users[i].persona.language.get(tool.trait) for i in open_]
             redo = [
@@ -386,7 +440,7 @@ class UserSimulator:
                 logs[i]["refinements"].append(entry)
         # the level of what is finally sent, per trait: every tool judges the final message again (a later
         # tool's rewrite can change an earlier tool's trait)
-        open_ = [i for i, u in enumerate(users) if not u.ended]
+        open_ = [i for i, u in enumerate(users) if not u.ended and i not in skip]
         for tool in self.config.refinement.tools:
             levels = list(self.config.priors.language[tool.trait])
             for i, level in zip(open_, self.judge(tool, [messages[i] for i in open_], levels), strict=True):
