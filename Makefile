@@ -46,11 +46,13 @@ sandbox-page: $(STAMP)
 	$(PY) -m agents.sandbox.serve --run runs/sandbox/demo --config configs/sandbox/movielens.yaml \
 		--set data=$(SHARED)/movielens_latest_small
 
-# The conversational user simulator: 6 personas x 2 Yelp restaurant recommenders, 3 turns, SmolLM2 offline
-# (runs/converse/demo).
+# The conversational user simulator: 6 real Yelp users' goals x the ladder (random, BaseCRS, AgentCRS,
+# oracle), up to 5 turns, SmolLM2 offline (runs/converse/demo), then its evaluation (runs/converse/demo/eval).
 converse-demo: $(STAMP)
 	$(PY) -m agents.converse --config configs/converse/yelp.yaml --out runs/converse/demo \
-		--set data=$(SHARED)/recllmsim catalogue=$(SHARED)/yelp_asc_sample/item_subset.json
+		--set data=$(SHARED)/recllmsim catalogue=$(SHARED)/yelp_asc_sample/item_subset.json \
+		reviews=$(SHARED)/yelp_asc_sample/review_subset.json goal_users=$(SHARED)/yelp_asc_sample/user_subset.json
+	$(PY) -m eval.converse --run runs/converse/demo --data $(SHARED)/recllmsim --out runs/converse/demo/eval
 
 bench: $(STAMP)
 	$(PY) -m bench.build_bench --out runs/bench

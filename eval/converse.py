@@ -340,6 +340,22 @@ def table(results: dict) -> str:
                 f"| paired {name} | {r['mean']:+.2f}{ci} (n={r['dialogues']}) |" + " |" * (len(keys) - 1)
             )
         lines.append("")
+    if "note" in results["realism"]:
+        lines += [f"Realism and identification: {results['realism']['note']}.", ""]
+    else:
+        lines += realism_lines(results)
+    lines.append(
+        "Words per user turn by the persona's message-length setting: "
+        + ", ".join(
+            f"{k}: {v.get('mean')} (n={v.get('n')})"
+            for k, v in results["controllability"]["words_by_message_length_setting"].items()
+        )
+    )
+    return "\n".join(lines) + "\n"
+
+
+def realism_lines(results: dict) -> list[str]:
+    lines = []
     sim = results["realism"]["simulated"]
     lines += [
         "| users | user turns per dialogue (mean) | words per user turn, English (mean) | chars per user turn, Chinese (mean) | KS turns | KS words | TV intents |",
@@ -362,14 +378,7 @@ def table(results: dict) -> str:
                 f"Gender identification, {name}: accuracy {r['accuracy']} (majority {r['majority_accuracy']}), "
                 f"macro-F1 {r['macro_f1']}, {r['train']} train / {r['test']} test dialogues"
             )
-    lines.append(
-        "Words per user turn by the persona's message-length setting: "
-        + ", ".join(
-            f"{k}: {v.get('mean')} (n={v.get('n')})"
-            for k, v in results["controllability"]["words_by_message_length_setting"].items()
-        )
-    )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def gender_of(conversation) -> str | None:
@@ -605,13 +614,19 @@ def evaluate(run: Path, data: Path, out: Path) -> dict:
     personas = {p["id"]: p for p in json.loads((run / "personas.json").read_text())["personas"]}
     ref = reference(data)
     control = controllability(turns, personas)
+    # realism and identification compare the simulated users with RecLLMSim's, whose conversations are
+    # travel, gifts, recipes and skills: only the recllmsim setting's users talk about the same things
+    other = {
+        "note": f"not compared: the {summary['setting']} setting's dialogues are another domain than RecLLMSim's"
+    }
+    same = summary["setting"] == "recllmsim"
     results = {
         "run": str(run),
         "ratings": ratings(turns, list(summary["crs"])),
         "goals": goal_metrics(dialogues, turns, list(summary["crs"])),
-        "realism": realism(turns, dialogues, ref),
+        "realism": realism(turns, dialogues, ref) if same else other,
         "controllability": {k: v for k, v in control.items() if k != "raw"},
-        "identification": identification(dialogues, personas, data),
+        "identification": identification(dialogues, personas, data) if same else other,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))

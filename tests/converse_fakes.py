@@ -5,10 +5,11 @@ import json
 
 
 class Scripted:
-    def __init__(self, rating=None, actions=None, judged=None, keep=None, plan="recommend"):
+    def __init__(self, rating=None, actions=None, judged=None, drop=(), plan="recommend"):
         """rating: the rating JSON (a dict; None: garbage); actions: a list of action lists, one per
-        user turn number (the last repeats); judged: trait level the LLM judger answers; keep: which
-        option of a conflict is kept (index; None: garbage); plan: the AgentCRS plan."""
+        user turn number (the last repeats); judged: trait level the LLM judger answers; drop: the
+        attribute values the conflict check drops, in order, while the persona has them (None: garbage);
+        plan: the AgentCRS plan."""
         self.rating = (
             rating
             if rating is not None
@@ -23,7 +24,7 @@ class Scripted:
             }
         )
         self.actions = actions or [["request_recommendation"]]
-        self.judged, self.keep, self.plan = judged, keep, plan
+        self.judged, self.drop, self.plan = judged, drop, plan
         self.kinds: list[str] = []
         self.calls: list[tuple[str, str]] = []  # (kind, prompt) of every call, in order
 
@@ -46,12 +47,16 @@ class Scripted:
             if "ask" in options:
                 self.kinds.append("plan")
                 return self.plan
-            if "contradict" in text:
-                self.kinds.append("conflict")
-                return "maybe" if self.keep is None else options[self.keep]
             self.kinds.append("judge")
             return self.judged if self.judged is not None else options[0]
         keys = set(json.loads(constraint.schema)["properties"])
+        if keys == {"contradiction", "drop"}:
+            self.kinds.append("conflict")
+            if self.drop is None:
+                return "{not json"
+            values = json.loads(constraint.schema)["properties"]["drop"]["enum"]
+            wanted = [v for v in self.drop if v in values]
+            return json.dumps({"contradiction": bool(wanted), "drop": wanted[0] if wanted else values[0]})
         if "rationale" in keys:
             self.kinds.append("rating")
             return "{oops" if self.rating == "garbage" else json.dumps(self.rating)

@@ -33,6 +33,7 @@ def persona(**changes):
     base = profiles.Persona(
         id=0, gender="Female", age=30, occupation="Engineer", personality=["Calm"], interests=["Reading"],
         spending=["Frugal"], preferences=["Seafood", "Japanese cuisine"], dislikes=["Fast food"],
+        travel=["Road trips"], other=["Keeps a journal"],
         place="at home", time="evening", company="alone",
         language={"information_richness": "medium", "formality": "low", "message_length": "short"},
         action={"decisiveness": "decisive", "exploration": "exploratory"},
@@ -80,38 +81,28 @@ def test_template_slots_are_drawn_once_and_mapped():
         )
 
 
-def test_overlapping_conflicts_are_settled_one_at_a_time():
-    # Vegan-Seafood first: the LLM keeps Vegan (option 0); Vegan-Grilling then: keeps Vegan again; the
-    # persona keeps Vegan and Baking, and every resolution names a preference it really had
-    one = [persona(preferences=["Vegan", "Seafood", "Grilling", "Baking"])]
-    pairs = [["Vegan", "Seafood"], ["Vegan", "Grilling"]]
-    counts = profiles.resolve_conflicts(one, pairs, Scripted(keep=0), np.random.default_rng(0))
-    assert one[0].preferences == ["Vegan", "Baking"] and counts == {"conflicts": 2}
-    assert [r["dropped"] for r in one[0].resolutions] == ["Seafood", "Grilling"]
-    # keeping Seafood settles both: Vegan is gone, so Vegan-Grilling is no conflict any more
-    two = [persona(preferences=["Vegan", "Seafood", "Grilling"])]
-    counts = profiles.resolve_conflicts(two, pairs, Scripted(keep=1), np.random.default_rng(0))
-    assert two[0].preferences == ["Seafood", "Grilling"] and counts == {"conflicts": 1}
+def test_conflicts_are_found_by_the_llm_over_all_attributes_and_logged():
+    from converse_fakes import Scripted as Fake
 
-
-def test_conflicts_are_resolved_by_the_llm_and_logged():
-    keeps_second = [persona(preferences=["Vegan", "Seafood", "Baking"])]
-    counts = profiles.resolve_conflicts(
-        keeps_second, [["Vegan", "Seafood"]], Scripted(keep=1), np.random.default_rng(0)
-    )
-    assert keeps_second[0].preferences == ["Seafood", "Baking"] and counts == {"conflicts": 1}
-    assert keeps_second[0].resolutions == [
-        {"conflict": ["Vegan", "Seafood"], "kept": "Seafood", "dropped": "Vegan", "answer": "Seafood"}
+    # the LLM names two contradictions, one after the other, among any attributes: both dropped
+    one = [
+        persona(preferences=["Vegan", "Seafood"], interests=["Hiking", "Staying in"], travel=["Road trips"])
     ]
+    backend = Fake(drop=["Seafood", "Staying in"])
+    counts = profiles.resolve_conflicts(one, backend, np.random.default_rng(0))
+    assert one[0].preferences == ["Vegan"] and one[0].interests == ["Hiking"]
+    assert [(r["attribute"], r["dropped"]) for r in one[0].resolutions] == [
+        ("preferences", "Seafood"), ("interests", "Staying in")]  # fmt: skip
+    assert counts == {"asked": 3, "dropped": 2}  # the third round finds none
+    prompt = backend.calls[0][1]
+    assert all(v in prompt for v in ["Vegan", "Seafood", "Hiking", "Road trips", "Calm", "Frugal"])
+    # an unusable answer leaves the persona as drawn, counted; a persona with no contradiction is untouched
     garbled = [persona(preferences=["Vegan", "Seafood"])]
-    counts = profiles.resolve_conflicts(
-        garbled, [["Vegan", "Seafood"]], Scripted(keep=None), np.random.default_rng(0)
-    )
-    assert garbled[0].preferences == ["Vegan"] and counts["unusable_answers"] == 1  # the first kept, counted
-    untouched = [persona()]
-    assert profiles.resolve_conflicts(
-        untouched, [["Vegan", "Seafood"]], Scripted(), np.random.default_rng(0)
-    ) == {"conflicts": 0}
+    counts = profiles.resolve_conflicts(garbled, Fake(drop=None), np.random.default_rng(0))
+    assert garbled[0].preferences == ["Vegan", "Seafood"] and counts["unusable_answers"] == 1
+    calm = [persona()]
+    assert profiles.resolve_conflicts(calm, Fake(), np.random.default_rng(0)) == {"asked": 1, "dropped": 0}
+    assert calm[0].resolutions == []
 
 
 class Reply:
@@ -435,12 +426,19 @@ def test_a_run_talks_to_both_recommenders_resumes_and_refuses_other_inputs(raw, 
 def test_the_evaluation_of_a_run_by_hand(raw, tmp_path):
     from eval import converse as ev
 
-    folder = tmp_path / "run"
-    run(args(raw, folder), Scripted(), Scripted())
-    results = ev.evaluate(folder, raw / "recllmsim", tmp_path / "eval")
+    yelp = tmp_path / "yelp"
+    run(args(raw, yelp), Scripted(), Scripted())
+    results = ev.evaluate(yelp, raw / "recllmsim", tmp_path / "eval-yelp")
     base = results["ratings"]["per_crs"]["base"]
     assert base["language_quality"] == {"mean": 4.0, "ci95": [4.0, 4.0], "dialogues": 10}
     assert results["ratings"]["paired"]["base - agent: language_quality"]["mean"] == 0.0
+    assert (
+        "another domain" in results["realism"]["note"]
+        and "another domain" in results["identification"]["note"]
+    )
+    folder = tmp_path / "run"  # RecLLMSim's own tasks: compared with RecLLMSim's users
+    run(args(raw, folder, "setting=recllmsim", "crs=[assistant]"), Scripted(), Scripted())
+    results = ev.evaluate(folder, raw / "recllmsim", tmp_path / "eval")
     realism = results["realism"]
     assert realism["simulated"]["user_turns"]["mean"] == 3.0  # max_turns=3, never ended earlier
     llm = realism["against"]["RecLLMSim LLM users"]
@@ -453,7 +451,7 @@ def test_the_evaluation_of_a_run_by_hand(raw, tmp_path):
         and people["chars_per_user_turn_zh"]["n"] > 1000
     )
     words = results["controllability"]["words_by_message_length_setting"]
-    assert sum(v["n"] for v in words.values()) == 60  # 2 recommenders x 10 dialogues x 3 turns
+    assert sum(v["n"] for v in words.values()) == 30  # 10 dialogues x 3 turns
     assert (tmp_path / "eval" / "lengths.png").stat().st_size > 0
     assert (tmp_path / "eval" / "traits.png").stat().st_size > 0
     ident = results["identification"]
@@ -465,7 +463,7 @@ def test_the_evaluation_of_a_run_by_hand(raw, tmp_path):
     majority = llm_genders.most_common(1)[0][0]  # the training side's majority, scored on the people
     assert reference["majority_accuracy"] == round(people.count(majority) / len(people), 3)
     simulated = ident["simulated -> RecLLMSim LLM users (English)"]
-    assert simulated["train"] == 20 and simulated["test"] == 1856
+    assert simulated["train"] == 10 and simulated["test"] == 1856
 
 
 def test_every_shipped_converse_config_and_the_converse_recipe_load():

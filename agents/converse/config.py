@@ -4,7 +4,7 @@
 
 Sections: the run (setting, dialogues, turns, seed, data), ``priors`` (the profile dictionaries'
 hand-set distributions: environment, language and action patterns; the data's priors are estimated
-from RecLLMSim at run time), ``conflicts`` (pairs of preferences that cannot both hold), ``rating``,
+from RecLLMSim at run time), ``rating``,
 ``refinement`` (the language-pattern tools, in order), ``llm`` (the simulator's backend), ``crs_llm``
 (the built-in recommenders' backend) and ``plugins`` (your own recommenders, agents/converse/plugins.py).
 """
@@ -144,14 +144,6 @@ class ConverseConfig:
     transcript_tokens: int = Field(1536, ge=64)
     message_tokens: int = Field(320, ge=16)  # the most tokens a user message may take (cut_short counted)
     priors: PriorsConfig = field(default_factory=PriorsConfig)
-    conflicts: list[list[str]] = field(
-        default_factory=lambda: [
-            ["Vegan", "Seafood"],
-            ["Vegan", "Grilling"],
-            ["Healthy food", "Fast food"],
-            ["Follows a balanced diet", "Fast food"],
-        ]
-    )
     rating: RatingConfig = field(default_factory=RatingConfig)
     refinement: RefinementConfig = field(default_factory=RefinementConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
@@ -190,9 +182,6 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> ConverseC
     clash = sorted(set(config.plugins) & {"base", "agent", "assistant", "random", "oracle"})
     if clash:
         raise ConfigError(f"{path or 'config'}: plugins: {clash} would hide the built-in recommenders")
-    for pair in config.conflicts:
-        if len(pair) != 2:
-            raise ConfigError(f"{path or 'config'}: conflicts: {pair!r} is not a pair")
     return config
 
 

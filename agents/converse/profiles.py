@@ -10,10 +10,10 @@
 - **Environment** (place, time, company) and the **behaviour traits** (language pattern: information
   richness, formality, message length; action pattern: decisive or hesitant, exploratory or
   conservative) have no data: their priors are set by hand in the config (``priors``; docs/converse.md).
-- **Conflicts**: pairs of preferences that cannot both hold (``conflicts`` in the config, e.g. Vegan
-  and Seafood) are detected after sampling and resolved by the LLM, which chooses the one this persona
-  keeps (a structured choice); every resolution is logged on the persona (``resolutions``), an unusable
-  answer keeps the first and is counted.
+- **Conflicts**: after sampling, the LLM reads all of a persona's attributes and says whether two
+  contradict each other and which to drop (a structured answer naming one of the persona's own values;
+  ``resolve_conflicts``); every drop is logged on the persona (``resolutions``), an unusable answer
+  leaves the persona as drawn and is counted.
 - **Task context**: a RecLLMSim template (``task_context_en.xlsx``) with its slots filled at random;
   the Yelp setting's restaurant task is placed in a city of the catalogue instead of the template's
   Tsinghua University.
@@ -44,9 +44,11 @@ class Persona:
     occupation: str
     personality: list[str]
     interests: list[str]
+    travel: list[str]  # travel habits
     spending: list[str]
     preferences: list[str]  # dining preferences (the Yelp setting recommends on these)
     dislikes: list[str]
+    other: list[str]  # other aspects (the dictionary's last attribute)
     place: str
     time: str
     company: str
@@ -65,6 +67,7 @@ class Persona:
             f"You are a {self.age}-year-old {self.gender.lower()} {self.occupation.lower()}, "
             f"{', '.join(p.lower() for p in self.personality)}.",
             f"Interests: {', '.join(self.interests)}. Spending: {', '.join(self.spending)}.",
+            f"Travel: {', '.join(self.travel) or 'no habits'}. Also: {', '.join(self.other) or 'nothing else'}.",
             f"Food you like: {', '.join(self.preferences)}."
             + (f" Food you dislike: {', '.join(self.dislikes)}." if self.dislikes else ""),
             f"Right now you are {self.place}, in the {self.time}, {self.company}.",
@@ -204,6 +207,8 @@ def sample_personas(
                 occupation=draw(priors["occupation"], rng)[0],
                 personality=draw(priors["personality"], rng, 2),
                 interests=draw(priors["daily_interests"], rng, 2),
+                travel=draw(priors["travel_habits"], rng, 1),
+                other=draw(priors["other_aspects"], rng, 1),
                 spending=draw(priors["spending_habits"], rng, 1),
                 preferences=preferences,
                 dislikes=list(goal.disliked)
@@ -224,49 +229,59 @@ def sample_personas(
     return personas
 
 
-def conflicts_of(persona: Persona, pairs: list[list[str]]) -> list[tuple[str, str]]:
-    return [(a, b) for a, b in pairs if a in persona.preferences and b in persona.preferences]
+# the attributes whose values a conflict may drop (lists; one occupation or age is not dropped)
+DROPPABLE = ("personality", "interests", "travel", "preferences", "dislikes", "spending", "other")
 
 
-def resolve_conflicts(personas: list[Persona], pairs: list[list[str]], backend, rng) -> dict:
-    """Every conflicting pair resolved by the LLM, which picks the preference the persona keeps. A
-    persona's conflicts are settled one at a time (a pair whose side is already gone is no conflict
-    any more); each round asks every persona's next conflict, batched by pair. Logged on the persona;
-    returns counts (an unusable answer keeps the pair's first preference)."""
+def attribute_lines(persona: Persona) -> list[tuple[str, str]]:
+    return [(a, v) for a in DROPPABLE for v in getattr(persona, a)]
+
+
+def resolve_conflicts(personas: list[Persona], backend, rng, rounds: int = 3) -> dict:
+    """Contradictions among a persona's attributes found by the LLM, over all of them: each round asks
+    every open persona, in one batch, whether two of its attributes contradict each other and, if so,
+    which one to drop (a structured answer: ``contradiction`` and ``drop``, one of the persona's own
+    values). A persona leaves the loop when the LLM finds none, after ``rounds`` drops, or on an unusable
+    answer (counted, the persona kept as it is). Every drop is logged on the persona (``resolutions``)."""
     from agents.llm import Constraint, Sampling
 
-    counts: Counter = Counter(conflicts=0)
-    sampling = Sampling(16, 0.0, 1.0, int(rng.integers(2**31 - 1)))
-    while True:
-        asks = [(p, conflicts_of(p, pairs)[0]) for p in personas if conflicts_of(p, pairs)]
-        if not asks:
-            return dict(counts)
-        counts["conflicts"] += len(asks)
-        for pair in dict.fromkeys(pair for _, pair in asks):  # one batch per distinct pair
-            mine = [p for p, other in asks if other == pair]
-            a, b = pair
-            conversations = [
-                [
-                    {
-                        "role": "user",
-                        "content": f"{p.describe()}\nThese two preferences contradict each other: {a} and {b}. "
-                        f"Which one do you really hold? Answer with one of: {a}; {b}",
-                    }
-                ]
-                for p in mine
-            ]
-            for persona, answer in zip(
-                mine, backend.generate(conversations, sampling, Constraint.choice([a, b])), strict=True
-            ):
-                answer = answer.strip()
-                if answer not in (a, b):
-                    counts["unusable_answers"] += 1
-                kept = answer if answer in (a, b) else a
-                dropped = b if kept == a else a
-                persona.preferences.remove(dropped)
-                persona.resolutions.append(
-                    {"conflict": [a, b], "kept": kept, "dropped": dropped, "answer": answer}
-                )
+    counts: Counter = Counter(asked=0, dropped=0)
+    sampling = Sampling(64, 0.0, 1.0, int(rng.integers(2**31 - 1)))
+    open_ = [p for p in personas if len(attribute_lines(p)) > 1]
+    for _ in range(rounds):
+        if not open_:
+            break
+        conversations, constraints = [], []
+        for p in open_:
+            lines = attribute_lines(p)
+            listing = "\n".join(f"- {a}: {v}" for a, v in lines)
+            conversations.append([{"role": "user", "content": (
+                f"A person is described by these attributes:\n{listing}\nDo two of them contradict each other "
+                "(they could not both be true of one person)? If so, name the one to drop.")}])  # fmt: skip
+            constraints.append(Constraint.json_object(
+                contradiction={"type": "boolean"}, drop={"type": "string", "enum": [v for _, v in lines]}))  # fmt: skip
+        answers = []
+        for constraint in dict.fromkeys(constraints):  # one batch per distinct answer schema
+            index = [k for k, c in enumerate(constraints) if c == constraint]
+            got = backend.generate([conversations[k] for k in index], sampling, constraint)
+            answers += [(k, constraint, a) for k, a in zip(index, got, strict=True)]
+        counts["asked"] += len(open_)
+        still = []
+        for k, constraint, answer in sorted(answers, key=lambda x: x[0]):
+            persona, value = open_[k], constraint.parse(answer)
+            if value is None:
+                counts["unusable_answers"] += 1
+                continue
+            if not value["contradiction"]:
+                continue
+            attribute = next(a for a, v in attribute_lines(persona) if v == value["drop"])
+            getattr(persona, attribute).remove(value["drop"])
+            persona.resolutions.append({"attribute": attribute, "dropped": value["drop"], "answer": answer})
+            counts["dropped"] += 1
+            if len(attribute_lines(persona)) > 1:
+                still.append(persona)
+        open_ = still
+    return dict(counts)
 
 
 def load_sources(root):

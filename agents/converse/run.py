@@ -102,7 +102,7 @@ def personas_for(config, out: Path, backend) -> tuple[list[Persona], dict]:
     personas = sample_personas(
         config.dialogues, priors, contexts, config, rng, TASKS[config.setting], cities, found
     )
-    report["conflicts"] = resolve_conflicts(personas, config.conflicts, backend, rng)
+    report["conflicts"] = resolve_conflicts(personas, backend, rng)
     report["priors"] = priors
     write_json(path, {"personas": [p.to_json() for p in personas], "report": report})
     return personas, report
