@@ -248,3 +248,66 @@ def test_plugin_settings_are_checked():
         load_config(None, ["plugins={base: {transport: http, target: 'http://a'}}"])
     config = load_config(None, ["crs=[base, 'my_pkg.crs:Mine']"])
     assert config.plugins["my_pkg.crs:Mine"].transport == "python"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def llama_server():
+    """The offline SmolLM2 GGUF served by llama-cpp-python's own OpenAI-compatible server (a process of
+    code nobody here wrote). CI installs it (.ci/run); elsewhere the test says how."""
+    pytest.importorskip(
+        "llama_cpp.server",
+        reason='llama-cpp-python[server] is not installed (pip install "llama-cpp-python[server]"; .ci/run does)',
+    )
+    import subprocess
+    import sys
+
+    import httpx
+
+    from data_prep.offline_models import _smollm2_gguf
+
+    folder, name = _smollm2_gguf()
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(folder / name), "--host", "127.0.0.1",
+         "--port", str(port), "--model_alias", "smollm2", "--n_ctx", "2048"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        for _ in range(240):
+            if process.poll() is not None:
+                pytest.fail(f"llama_cpp.server exited: {process.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_the_openai_transport_against_a_real_llama_cpp_server(llama_server):
+    spec = PluginConfig(transport="openai", target=llama_server, model="smollm2", timeout=120,
+                        system_prompt="You are a restaurant recommender. Answer in one sentence.")  # fmt: skip
+    crs, session = PluginCRS("served", spec, []), Session()
+    for said in ["I want sushi in Tampa.", "Something cheaper, please."]:
+        reply = crs.respond([session], [said])[0]
+        assert reply.error is None and reply.text.strip() and reply.recommended is None
+    assert [r for r, _ in session.dialogue] == ["user", "assistant"] * 2
+    capped = PluginCRS("capped", PluginConfig(transport="openai", target=llama_server, model="smollm2",
+                                              max_tokens=3, timeout=120), [])  # fmt: skip
+    cut = capped.respond([Session()], ["Tell me a long story about restaurants."])[0]
+    assert cut.cut_short and cut.error is None  # kept, and marked: the run counts it
+    wrong = PluginCRS("down", PluginConfig(transport="openai", target=llama_server.replace("/v1", "/nope"),
+                                           model="smollm2", retries=0), [])  # fmt: skip
+    assert wrong.respond([Session()], ["hi"])[0].error.startswith("http_status")
