@@ -116,6 +116,20 @@ def test_the_built_in_recommenders_name_what_they_recommend(raw):
         assert name in reply.text  # "Try the first place." alone would not say which
 
 
+def test_template_replies_state_the_recommenders_own_moves(raw):
+    from agents.converse.crs import ASK, AgentCRS, BaseCRS, naming
+
+    catalogue = load_restaurants(raw / "yelp_asc_sample" / "item_subset.json")
+    by_id = {r.id: r for r in catalogue}
+    base = BaseCRS(Scripted(), catalogue, text="template").respond([Session()], ["noodles please"])[0]
+    assert base.text == naming(by_id[base.recommended[0]])  # the place the LLM chose, named plainly
+    asker = AgentCRS(Scripted(plan="ask"), catalogue, text="template").respond([Session()], ["hi"])[0]
+    assert asker.text == ASK and asker.recommended == []
+    backend = Scripted(plan="recommend")
+    picker = AgentCRS(backend, catalogue, text="template").respond([Session()], ["I like noodles"])[0]
+    assert picker.text == naming(by_id[picker.recommended[0]]) and "crs:say" not in backend.kinds
+
+
 def test_goal_settings_are_checked():
     from agents.converse.config import ConfigError, load_config
 

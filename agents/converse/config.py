@@ -130,6 +130,9 @@ class ConverseConfig:
     goal_users: str = "../shared/data/raw/yelp_asc_sample/user_subset.json"  # goals: whose (empty: all)
     # who writes a goal persona's message: the LLM (told the act and its slot) or a template stating them
     user_text: str = Field("llm", pattern="^(llm|template)$")
+    # who writes the built-in CRSs' replies: the LLM, or a template stating the same move (the place the
+    # CRS chose, its question); the choices stay the CRS's own either way
+    crs_text: str = Field("llm", pattern="^(llm|template)$")
     crs: list[str] = field(
         default_factory=lambda: ["base", "agent"]
     )  # yelp: base, agent; recllmsim: assistant; either: a name from plugins, or package.module:Class

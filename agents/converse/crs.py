@@ -103,8 +103,12 @@ class CRS:
 
     name = "crs"
 
-    def __init__(self, backend, catalogue: list[Restaurant], temperature: float = 0.7, seed: int = 0):
-        self.backend, self.catalogue = backend, catalogue
+    def __init__(
+        self, backend, catalogue: list[Restaurant], temperature: float = 0.7, seed: int = 0, text: str = "llm"
+    ):
+        """text: llm (the LLM writes each reply) or template (a fixed sentence states the same move: the
+        place chosen, the question asked; for a backbone that cannot write a readable reply)."""
+        self.backend, self.catalogue, self.text = backend, catalogue, text
         self.sampling = Sampling(140, temperature, 1.0, seed)
         self.index = BM25([r.text() for r in catalogue]) if catalogue else None
         self.by_id = {r.id: r for r in catalogue}
@@ -143,6 +147,7 @@ REPLY = Constraint.json_object(
 )
 SAY = Constraint.json_object(reply={"type": "string", "minLength": 1, "maxLength": 400})
 FALLBACK = "Sorry, could you tell me more about what you are looking for?"
+ASK = "What are you in the mood for: a kind of food, a price, a part of town?"
 
 
 class BaseCRS(CRS):
@@ -168,7 +173,10 @@ class BaseCRS(CRS):
             else:  # 0 means "none yet" (the schema allows 0 to the number of places shown)
                 numbers = [n for n in value["recommend"] if 1 <= n <= len(candidates)]
                 places = [candidates[n - 1] for n in dict.fromkeys(numbers)]
-                reply = Reply(named(value["reply"], places), [p.id for p in places])
+                words = (
+                    " ".join(naming(p) for p in places) or ASK if self.text == "template" else value["reply"]
+                )
+                reply = Reply(named(words, places), [p.id for p in places])
             session.dialogue.append(("assistant", reply.text))
             session.recommended += reply.recommended
             replies.append(reply)
@@ -249,8 +257,12 @@ class AgentCRS(CRS):
                 + ".",
             }[plan]
             prompts.append(f"You are a restaurant recommender.\n{self.transcript(session)}\n{instruction}")
+        if self.text == "template":
+            said = [{"reply": self.template(plan, pick)} for plan, pick in zip(plans, picks, strict=True)]
+        else:
+            said = self.ask(prompts, SAY)
         replies = []
-        for session, plan, pick, value in zip(sessions, plans, picks, self.ask(prompts, SAY), strict=True):
+        for session, plan, pick, value in zip(sessions, plans, picks, said, strict=True):
             if value is None or not value["reply"].strip():
                 reply = Reply(FALLBACK, [], plan=plan, fallback=True)
             else:
@@ -265,6 +277,18 @@ class AgentCRS(CRS):
             session.recommended += reply.recommended
             replies.append(reply)
         return replies
+
+    @staticmethod
+    def template(plan: str, pick: Restaurant | None) -> str:
+        if plan == "recommend":
+            return naming(pick) if pick else "I could not find a place I have not suggested yet that fits."
+        if plan == "answer" and pick:
+            return (
+                f"{pick.name} serves {', '.join(pick.categories[:3]) or 'food'} in {pick.city}"
+                + (f", {pick.price}" if pick.price else "")
+                + (f", rated {pick.stars:g} stars on Yelp." if pick.stars else ".")
+            )
+        return ASK
 
 
 class Assistant(CRS):
@@ -305,8 +329,8 @@ class RandomCRS(CRS):
 
     name = "random"
 
-    def __init__(self, backend, catalogue, temperature=0.7, seed=0):
-        super().__init__(backend, catalogue, temperature, seed)
+    def __init__(self, backend, catalogue, temperature=0.7, seed=0, text="template"):
+        super().__init__(backend, catalogue, temperature, seed, "template")  # no LLM: always the template
         self.rng = np.random.default_rng(seed)
 
     def respond(self, sessions: list[Session], texts: list[str]) -> list[Reply]:

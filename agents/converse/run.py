@@ -78,7 +78,7 @@ def make_crs(name: str, config, backend, catalogue: list, seed: int):
             raise SystemExit(
                 f"error: crs {name!r}: cannot start {config.plugins[name].target}: {error!r}"
             ) from None
-    return RECOMMENDERS[name](backend, catalogue, config.temperature, seed)
+    return RECOMMENDERS[name](backend, catalogue, config.temperature, seed, config.crs_text)
 
 
 def personas_for(config, out: Path, backend) -> tuple[list[Persona], dict]:
