@@ -1,23 +1,35 @@
-"""Training pairs for the conversational user simulator, from RecLLMSim conversations.
+"""Training pairs for the conversational user simulator, from RecLLMSim conversations, in the format
+the simulator uses the model with.
 
     python -m data_prep.converse_pairs --data ../shared/data/raw/recllmsim --out runs/pairs/recllmsim \\
         --max-tokens 1024
 
-Every user turn of every conversation becomes one example: the prompt (data_prep.prompt's
-build_converse_messages) shows the persona, the task context and the dialogue so far; the completion
-is ``intent: I\\nmessage: TEXT`` with I in the common intent vocabulary (data_prep.recllmsim). The
-dialogue keeps the most recent turns that fit ``--max-tokens`` (prompt + completion + EOS); how many
-turns were cut is counted per example and in the card, and an example that does not fit even without
-any earlier turn is left out and counted. Each shown turn is cut at MAX_TURN_CHARS characters (the
-assistants write long lists), marked with "…".
+Every user turn of every conversation becomes two examples, each a single user message as the
+simulator sends it (data_prep.prompt's converse_* builders, the same functions agents/converse uses)
+with the JSON answer the simulator parses:
+
+- an **action** example: the persona, the task, the dialogue so far and the action menu
+  (converse_action_prompt) -> ``{"actions": [...]}``, the turn's real intents mapped to the simulator's
+  actions (INTENT_ACTION; on a first turn only the first three actions are offered, as in the simulator:
+  an intent outside them is mapped to clarify_preference and counted);
+- a **response** example: the persona, the task, the dialogue so far and what the user does in this turn
+  (converse_response_prompt) -> ``{"message": TEXT}``.
+
+What the data does not record is left empty rather than invented: the persona's tendencies and style
+lines, and the satisfaction line after the first turn (the LLM users rated whole conversations, not
+turns; no rating examples are made for that reason). The dialogue is converse_transcript's: the last
+turns whole while they fit what ``--max-tokens`` leaves after the rest of the prompt and the
+completion; the first turn that does not fit (the newest one included: the assistants write long
+lists) is cut by tokens, marked "…" and counted, and an example whose prompt does not fit even without
+any turn is left out and counted.
 
 Examples are split into train and validation by persona (the LLM users' preference id, the person for
 real people): no persona is in both. ``--language en`` (default) uses the LLM users' English
 conversations; ``--language zh`` uses their Chinese translations and the real people's conversations.
 
-Writes OUT/train.jsonl, validation.jsonl (prompt/completion messages plus ``example_id``, ``persona``,
-``cut_turns``), card.json (counts, token-length percentiles, options; train.sft reads ``max_tokens``
-from it) and README.md.
+Writes OUT/train.jsonl, validation.jsonl (prompt/completion messages plus ``example_id``, ``kind``,
+``persona``, ``cut_turns``), card.json (counts, token-length percentiles, options; train.sft reads
+``max_tokens`` from it) and README.md.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import argparse
 import hashlib
 import json
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +46,15 @@ from tqdm import tqdm
 
 from data_prep import recllmsim
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
-from data_prep.prompt import count_tokens, fit_converse_messages, format_turn
+from data_prep.prompt import (
+    ACTION_TEXT,
+    ACTIONS,
+    converse_action_prompt,
+    converse_response_prompt,
+    converse_transcript,
+    count_tokens,
+    satisfaction_words,
+)
 from data_prep.provenance import provenance
 
 
@@ -59,6 +80,36 @@ def text_of(turn: recllmsim.Turn, conversation: recllmsim.Conversation, language
     return turn.content_zh if language == "zh" else None
 
 
+# the data's intents as the simulator's actions (the inverse of data_prep.prompt.ACTION_INTENT)
+INTENT_ACTION = {
+    "recommend": "request_recommendation",
+    "plan": "ask_plan",
+    "search": "ask_attributes",
+    "evaluate": "give_feedback",
+    "other": "clarify_preference",
+}
+
+
+def fitted(tokenizer, build, dialogue, max_tokens: int, completion: str) -> tuple[list[dict], int] | None:
+    """The prompt built with the transcript that fits: converse_transcript under the budget left by the
+    rest of the prompt and the completion. None when even the newest turn alone does not fit."""
+    empty = [{"role": "user", "content": build("")}]
+    budget = max_tokens - count_tokens(tokenizer, empty, completion)
+    if budget <= 0:
+        return None
+    # the newest turn too is cut when it alone is over the budget (the assistants write long lists);
+    # in use the simulator shows it whole, within the model's window
+    transcript, cut, _ = converse_transcript(dialogue, len(dialogue), budget, tokenizer, keep_newest=False)
+    messages = [{"role": "user", "content": build(transcript)}]
+    while count_tokens(tokenizer, messages, completion) > max_tokens and budget > 0:  # "…" and joins
+        budget -= 8
+        transcript, cut, _ = converse_transcript(dialogue, len(dialogue), budget, tokenizer, keep_newest=False)
+        messages = [{"role": "user", "content": build(transcript)}]
+    if count_tokens(tokenizer, messages, completion) > max_tokens:
+        return None
+    return messages, cut
+
+
 def make_examples(loaded, tokenizer, language: str, max_tokens: int) -> tuple[list[dict], Counter]:
     examples, counts = [], Counter()
     for conversation in tqdm(loaded.conversations, desc="conversations", unit=" conv"):
@@ -81,21 +132,55 @@ def make_examples(loaded, tokenizer, language: str, max_tokens: int) -> tuple[li
                 counts["turns_without_translation"] += len(conversation.turns) - number + 1
                 break
             if turn.role == "user":
-                completion = format_turn(turn.common_intents()[0], text)
-                try:
-                    messages, cut = fit_converse_messages(
-                        tokenizer, profile, task, dialogue, max_tokens, completion
-                    )
-                except ValueError:
-                    counts["too_long"] += 1
-                else:
+                first = not dialogue
+                options = ACTIONS[:3] if first else ACTIONS
+                actions = []
+                for intent in turn.common_intents():
+                    action = INTENT_ACTION[intent]
+                    if action not in options:
+                        counts["first_turn_actions_remapped"] += 1
+                        action = "clarify_preference"
+                    actions.append(action)
+                actions = list(dict.fromkeys(actions))[:2]
+                satisfaction = satisfaction_words(None) if first else ""
+                wanted = "; ".join(ACTION_TEXT[a] for a in actions)
+                builds = {
+                    "action": (
+                        partial(
+                            converse_action_prompt,
+                            profile,
+                            task,
+                            "",
+                            satisfaction=satisfaction,
+                            options=options,
+                        ),
+                        json.dumps({"actions": actions}),
+                    ),
+                    "response": (
+                        partial(
+                            converse_response_prompt,
+                            profile,
+                            task,
+                            "",
+                            satisfaction=satisfaction,
+                            wanted=wanted,
+                        ),
+                        json.dumps({"message": text.strip()}, ensure_ascii=False),
+                    ),
+                }
+                for kind, (build, completion) in builds.items():
+                    got = fitted(tokenizer, build, dialogue, max_tokens, completion)
+                    if got is None:
+                        counts[f"too_long:{kind}"] += 1
+                        continue
+                    messages, cut = got
                     counts["turns_cut"] += cut
-                    counts["examples_with_turns_cut"] += bool(cut)
                     examples.append(
                         {
                             "prompt": messages,
                             "completion": [{"role": "assistant", "content": completion}],
-                            "example_id": f"{conversation.file}#{number}",
+                            "example_id": f"{conversation.file}#{number}:{kind}",
+                            "kind": kind,
                             "persona": f"{conversation.source}:{conversation.persona}",
                             "task": conversation.task,
                             "cut_turns": cut,
@@ -140,6 +225,8 @@ def main(argv: list[str] | None = None) -> dict:
     card = {
         "task": "converse",
         "examples": {split: len(rows) for split, rows in splits.items()},
+        "kinds": dict(Counter(e["kind"] for e in examples)),
+        "format": "the simulator's own prompts and JSON answers (data_prep.prompt converse_*)",
         "personas": {split: len({r["persona"] for r in rows}) for split, rows in splits.items()},
         "conversations": dict(loaded.counts),
         "rejects": loaded.rejects,

@@ -76,47 +76,111 @@ def build_messages(
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(parts)}]
 
 
-# -- the conversational user simulator (data_prep.converse_pairs, agents.converse) ---------------------------
-
-CONVERSE_SYSTEM = (
-    "You play a user who talks to an AI assistant to get recommendations for a task. Stay in your persona, "
-    "pursue your task, and write only your own next message. Answer in exactly this format:\n"
-    "intent: <recommend, plan, search, evaluate or other>\nmessage: <your next message>"
-)
-MAX_TURN_CHARS = 600  # each shown turn of the dialogue is cut here, marked with "…"
-
-
-def build_converse_messages(profile: str, task: str, dialogue: list[tuple[str, str]]) -> list[dict]:
-    """System + user messages for the user's next turn: the persona, the task and the dialogue so far
-    (``(role, text)`` pairs, role ``user`` or ``assistant``, oldest first, as given)."""
-    parts = ["# You", profile.strip(), "", "# Your task", task.strip(), ""]
-    if dialogue:
-        parts.append(f"# The conversation so far (last {len(dialogue)} turns)")
-        parts += [
-            f"{'You' if role == 'user' else 'Assistant'}: {_short(text, MAX_TURN_CHARS)}"
-            for role, text in dialogue
-        ]
-        parts += ["", "Write your next message."]
-    else:
-        parts.append("Open the conversation with your first message.")
-    return [{"role": "system", "content": CONVERSE_SYSTEM}, {"role": "user", "content": "\n".join(parts)}]
-
-
-def fit_converse_messages(
-    tokenizer, profile: str, task: str, dialogue: list[tuple[str, str]], budget: int, completion: str = ""
-) -> tuple[list[dict], int]:
-    """build_converse_messages keeping the most recent turns that fit ``budget`` tokens (with the
-    completion, when given). Returns the messages and how many of the oldest turns were cut; raises
-    ValueError when even no turn at all fits."""
-    for cut in range(len(dialogue) + 1):
-        messages = build_converse_messages(profile, task, dialogue[cut:])
-        if count_tokens(tokenizer, messages, completion) <= budget:
-            return messages, cut
-    raise ValueError(f"does not fit in {budget} tokens even without the dialogue")
+# -- the conversational user simulator's prompts (agents/converse/simulator.py; the training pairs of
+# data_prep.converse_pairs are built from the same functions, so the tuned model sees what it is used with)
+ACTIONS = [
+    "request_recommendation",
+    "clarify_preference",
+    "ask_plan",
+    "give_feedback",
+    "ask_attributes",
+    "end",
+]
+ACTION_TEXT = {
+    "request_recommendation": "ask for a (new) recommendation",
+    "clarify_preference": "tell the assistant more about what you want",
+    "ask_plan": "ask the assistant to plan it with you (the steps, a schedule, an itinerary)",
+    "give_feedback": "say what you think of the last suggestion",
+    "ask_attributes": "ask about details of a suggested place (price, dishes, atmosphere)",
+    "end": "end the conversation (you have decided, or you give up)",
+}
+# the simulator's actions in the common intent vocabulary (data_prep.recllmsim.COMMON_INTENTS)
+ACTION_INTENT = {
+    "request_recommendation": "recommend",
+    "clarify_preference": "other",
+    "ask_plan": "plan",
+    "give_feedback": "evaluate",
+    "ask_attributes": "search",
+    "end": "other",
+}
+TENDENCY = {
+    "decisive": "You decide quickly: once a suggestion fits, you end the conversation.",
+    "hesitant": "You take your time: you ask about details and compare before deciding.",
+    "exploratory": "You are open to suggestions you would not have thought of.",
+    "conservative": "You prefer what you already know you like.",
+}
 
 
-def format_turn(intent: str, message: str) -> str:
-    return f"intent: {intent}\nmessage: {message.strip()}"
+def satisfaction_words(score: float | None) -> str:
+    if score is None:
+        return "You have not heard from the assistant yet."
+    if score >= 4.5:
+        return "You are delighted with the assistant so far."
+    if score >= 3.5:
+        return "You are satisfied with the assistant so far."
+    if score >= 2.5:
+        return "You are lukewarm about the assistant so far."
+    return "You are frustrated with the assistant."
+
+
+def converse_transcript(
+    dialogue: list[tuple[str, str]], turns: int, budget: int, tokenizer=None, keep_newest: bool = True
+) -> tuple[str, int, int]:
+    """The last ``turns`` turns ("You: ..." / "Assistant: ..."), whole while they fit ``budget`` tokens
+    together, newest first; the newest (the message being rated or answered) always whole unless
+    ``keep_newest`` is off (training pairs under a fixed budget). The first turn that does not fit is cut
+    by tokens and marked "…", and older turns are left out. Returns the text, the turns cut (0 or 1) and
+    the turns left out. Without a tokenizer every turn is whole."""
+    lines = [
+        f"{'You' if r == 'user' else 'Assistant'}: {' '.join(str(t).split())}" for r, t in dialogue[-turns:]
+    ]
+    if tokenizer is None:
+        return "\n".join(lines), 0, 0
+    kept, cut, left_out = [], 0, 0
+    for k in range(len(lines) - 1, -1, -1):
+        ids = tokenizer(lines[k], add_special_tokens=False)["input_ids"]
+        if (keep_newest and k == len(lines) - 1) or len(ids) <= budget:
+            kept.append(lines[k])
+            budget -= len(ids)
+            continue
+        if budget > 0:
+            kept.append(tokenizer.decode(ids[:budget]).rstrip() + "…")
+            cut, left_out = 1, k
+        else:  # no room left even for a cut: this turn is left out with the older ones
+            left_out = k + 1
+        break
+    return "\n".join(reversed(kept)), cut, left_out
+
+
+def converse_rating_prompt(about: str, task: str, transcript: str) -> str:
+    return (
+        f"{about}\nYour task: {task}\n{transcript}\n"
+        "Rate the assistant's last message. First explain your rating in one or two sentences, then score "
+        "1-5 how well it is written (language_quality), how sensible its move is (action_quality), "
+        "whether it recommended something specific (recommended) and how good that recommendation is "
+        "for you (recommendation_quality), and name any new thing it suggested that you had not "
+        "thought of (new_preference, empty if none) with how well it fits you (fit)."
+    )
+
+
+def converse_action_prompt(
+    about: str, task: str, tendencies: str, transcript: str, satisfaction: str, options: list[str]
+) -> str:
+    listing = "\n".join(f"{a}: {ACTION_TEXT[a]}" for a in options)
+    return (
+        f"{about}\nYour task: {task}\n{tendencies}\n{transcript}\n"
+        f"{satisfaction}\nWhat do you do next? Choose one or two:\n{listing}"
+    )
+
+
+def converse_response_prompt(
+    about: str, task: str, style: str, transcript: str, satisfaction: str, wanted: str, closing: bool = False
+) -> str:
+    end = " This is your last message: close the conversation." if closing else ""
+    return (
+        f"{about}\nYour task: {task}\n{style}\n{transcript}\n{satisfaction}\n"
+        f"Write your next message to the assistant. In it you {wanted}.{end}"
+    )
 
 
 def render_prompt(tokenizer, messages: list[dict]) -> str:

@@ -37,38 +37,18 @@ from tqdm import tqdm
 
 from agents.converse import goals
 from agents.llm import Constraint, Sampling, count_tokens
+from data_prep.prompt import (  # noqa: F401 (the vocabulary, importable from here too)
+    ACTION_INTENT,
+    ACTION_TEXT,
+    ACTIONS,
+    TENDENCY,
+    converse_action_prompt,
+    converse_rating_prompt,
+    converse_response_prompt,
+    converse_transcript,
+    satisfaction_words,
+)
 
-ACTIONS = [
-    "request_recommendation",
-    "clarify_preference",
-    "ask_plan",
-    "give_feedback",
-    "ask_attributes",
-    "end",
-]
-ACTION_TEXT = {
-    "request_recommendation": "ask for a (new) recommendation",
-    "clarify_preference": "tell the assistant more about what you want",
-    "ask_plan": "ask the assistant to plan it with you (the steps, a schedule, an itinerary)",
-    "give_feedback": "say what you think of the last suggestion",
-    "ask_attributes": "ask about details of a suggested place (price, dishes, atmosphere)",
-    "end": "end the conversation (you have decided, or you give up)",
-}
-# the simulator's actions in the common intent vocabulary (data_prep.recllmsim.COMMON_INTENTS)
-ACTION_INTENT = {
-    "request_recommendation": "recommend",
-    "clarify_preference": "other",
-    "ask_plan": "plan",
-    "give_feedback": "evaluate",
-    "ask_attributes": "search",
-    "end": "other",
-}
-TENDENCY = {
-    "decisive": "You decide quickly: once a suggestion fits, you end the conversation.",
-    "hesitant": "You take your time: you ask about details and compare before deciding.",
-    "exploratory": "You are open to suggestions you would not have thought of.",
-    "conservative": "You prefer what you already know you like.",
-}
 RATING = Constraint.json_object(
     rationale={"type": "string", "minLength": 1},
     language_quality={"type": "integer", "minimum": 1, "maximum": 5},
@@ -92,18 +72,6 @@ FIRST_ACTION = Constraint.json_object(
 # no character caps: a message is bounded by config.message_tokens (a cut is counted as cut_short)
 MESSAGE = Constraint.json_object(message={"type": "string", "minLength": 1})
 FALLBACK_MESSAGE = "Could you suggest something?"
-
-
-def satisfaction_words(score: float | None) -> str:
-    if score is None:
-        return "You have not heard from the assistant yet."
-    if score >= 4.5:
-        return "You are delighted with the assistant so far."
-    if score >= 3.5:
-        return "You are satisfied with the assistant so far."
-    if score >= 2.5:
-        return "You are lukewarm about the assistant so far."
-    return "You are frustrated with the assistant."
 
 
 def words_per_message(text: str) -> int:
@@ -159,30 +127,15 @@ class UserSimulator:
         return answers
 
     def transcript(self, dialogue: list[tuple[str, str]]) -> str:
-        """The last ``transcript_turns`` turns, whole while they fit ``transcript_tokens`` together,
-        newest first; the newest (the message being rated or answered) always whole. The first older
-        turn that does not fit is cut by tokens and marked "…" (counted: turns_cut), and turns older
-        than it are left out (counted: turns_left_out)."""
-        lines = [
-            f"{'You' if r == 'user' else 'Assistant'}: {' '.join(str(t).split())}"
-            for r, t in dialogue[-self.config.transcript_turns :]
-        ]
-        if self.tokenizer is None:
-            self.counts["transcripts_unmeasured"] += bool(lines)
-            return "\n".join(lines)
-        budget, kept = self.config.transcript_tokens, []
-        for k in range(len(lines) - 1, -1, -1):
-            ids = self.tokenizer(lines[k], add_special_tokens=False)["input_ids"]
-            if k == len(lines) - 1 or len(ids) <= budget:
-                kept.append(lines[k])
-                budget -= len(ids)
-                continue
-            self.counts["turns_cut"] += 1
-            self.counts["turns_left_out"] += k
-            if budget > 0:
-                kept.append(self.tokenizer.decode(ids[:budget]).rstrip() + "…")
-            break
-        return "\n".join(reversed(kept))
+        """data_prep.prompt.converse_transcript with this run's settings; cuts counted (turns_cut,
+        turns_left_out; transcripts_unmeasured without a tokenizer)."""
+        text, cut, left_out = converse_transcript(
+            dialogue, self.config.transcript_turns, self.config.transcript_tokens, self.tokenizer
+        )
+        self.counts["turns_cut"] += cut
+        self.counts["turns_left_out"] += left_out
+        self.counts["transcripts_unmeasured"] += self.tokenizer is None and bool(dialogue)
+        return text
 
     # -- rating -------------------------------------------------------------------------------------------
     def rate(self, items: list[dict]) -> list[dict | None]:
@@ -190,12 +143,7 @@ class UserSimulator:
         "recommended": True/False (the recommender says) or None (unknown: the LLM judges), "persona":
         a Persona for the subjective modifiers, or None (replay: no modifiers)}."""
         prompts = [
-            f"{item['about']}\nYour task: {item['task']}\n{self.transcript(item['dialogue'])}\n"
-            "Rate the assistant's last message. First explain your rating in one or two sentences, then score "
-            "1-5 how well it is written (language_quality), how sensible its move is (action_quality), "
-            "whether it recommended something specific (recommended) and how good that recommendation is "
-            "for you (recommendation_quality), and name any new thing it suggested that you had not "
-            "thought of (new_preference, empty if none) with how well it fits you (fit)."
+            converse_rating_prompt(item["about"], item["task"], self.transcript(item["dialogue"]))
             for item in items
         ]
         out = []
@@ -280,12 +228,15 @@ class UserSimulator:
         for user in (users[i] for i in free):
             persona = user.persona
             score = user.scores[-1] if user.scores else None
-            options = ACTIONS if user.dialogue else ACTIONS[:3]
-            listing = "\n".join(f"{a}: {ACTION_TEXT[a]}" for a in options)
             prompts.append(
-                f"{persona.describe()}\nYour task: {persona.task}\n{TENDENCY[persona.action['decisiveness']]} "
-                f"{TENDENCY[persona.action['exploration']]}\n{self.transcript(user.dialogue)}\n"
-                f"{satisfaction_words(score)}\nWhat do you do next? Choose one or two:\n{listing}"
+                converse_action_prompt(
+                    persona.describe(),
+                    persona.task,
+                    f"{TENDENCY[persona.action['decisiveness']]} {TENDENCY[persona.action['exploration']]}",
+                    self.transcript(user.dialogue),
+                    satisfaction_words(score),
+                    ACTIONS if user.dialogue else ACTIONS[:3],
+                )
             )
             constraints.append(ACTION if user.dialogue else FIRST_ACTION)
         chosen_by_llm = dict(zip(free, self.actions(prompts, constraints), strict=True))
@@ -324,11 +275,16 @@ class UserSimulator:
             wanted = "; ".join(ACTION_TEXT[a] for a in log["actions"])
             if log.get("slot"):
                 wanted += f": say that you want something {persona.goal_of().slot_text(log['slot'])}"
-            closing = " This is your last message: close the conversation." if user.ended else ""
             prompts.append(
-                f"{persona.describe()}\nYour task: {persona.task}\n{persona.style()}\n"
-                f"{self.transcript(user.dialogue)}\n{satisfaction_words(user.scores[-1] if user.scores else None)}\n"
-                f"Write your next message to the assistant. In it you {wanted}.{closing}"
+                converse_response_prompt(
+                    persona.describe(),
+                    persona.task,
+                    persona.style(),
+                    self.transcript(user.dialogue),
+                    satisfaction_words(user.scores[-1] if user.scores else None),
+                    wanted,
+                    closing=bool(user.ended),
+                )
             )
         written = {}
         for i, answer in zip(
