@@ -107,28 +107,35 @@ def ratings(turns: list[dict], crs_names: list[str]) -> dict:
 
 def goal_metrics(dialogues: list[dict], turns: list[dict], crs_names: list[str], ks=(1, 3, 5)) -> dict | None:
     """Catalogue goals (iEvaLM-style), per recommender: success (a target recommended in the dialogue),
-    recall@k (the share of the goal's targets among its first k recommendations), the user turn of the
-    first success, and the objective fit of what it recommended (goals.objective_fit, measured apart from
-    the LLM's own recommendation score); each with a BCa interval over dialogues; paired differences of
-    success and fit between recommenders over the same personas. None when the run has no goals."""
+    hit@k (a target among its first k recommendations; the user accepts the first target, so a recall
+    over all targets would be capped by design), the user turn of the first success, and the objective
+    fit of what it recommended (goals.objective_fit, logged on each turn apart from the LLM's own
+    recommendation score, which is reported beside it); each with a BCa interval over dialogues; paired
+    differences of success and fit between recommenders over the same personas. Dialogues a CRS failed,
+    or whose recommendations it did not name, are not scored (counted per recommender as ``unscored``).
+    None when the run has no goals."""
     if not any(d.get("targets") for d in dialogues):
         return None
     per: dict[str, dict[str, dict[int, float]]] = {}
     for name in crs_names:
-        mine = [d for d in dialogues if d["crs"] == name and d.get("targets")]
+        mine = [
+            d for d in dialogues if d["crs"] == name and d.get("targets") and d.get("success") is not None
+        ]
+        scored = {d["persona"] for d in mine}
         values = {"success": {d["persona"]: float(d["success"]) for d in mine}}
         for k in ks:
-            values[f"recall@{k}"] = {
-                d["persona"]: len(set(d["recommended"][:k]) & set(d["targets"])) / len(d["targets"])
-                for d in mine
+            values[f"hit@{k}"] = {
+                d["persona"]: float(bool(set(d["recommended"][:k]) & set(d["targets"]))) for d in mine
             }
         fits: dict[int, list[float]] = {}
         llm: dict[int, list[float]] = {}
         for t in turns:
-            rating = t.get("rating") or {}
-            if t["crs"] == name and rating.get("llm_objective") is not None:
-                fits.setdefault(t["persona"], []).append(rating["objective"])
-                llm.setdefault(t["persona"], []).append(rating["llm_objective"])
+            if t["crs"] != name or t["persona"] not in scored:
+                continue
+            if t.get("fit") is not None:
+                fits.setdefault(t["persona"], []).append(t["fit"])
+            if (t.get("rating") or {}).get("llm_objective") is not None:
+                llm.setdefault(t["persona"], []).append(t["rating"]["llm_objective"])
         values["objective_fit"] = {p: float(np.mean(v)) for p, v in fits.items()}
         values["llm_recommendation_score"] = {p: float(np.mean(v)) for p, v in llm.items()}
         per[name] = values
@@ -145,6 +152,9 @@ def goal_metrics(dialogues: list[dict], turns: list[dict], crs_names: list[str],
             "ci95": interval(turns_to) if turns_to else None,
             "dialogues": len(turns_to),
         }
+        row["unscored"] = dict(
+            Counter(d["unscored"] for d in dialogues if d["crs"] == name and d.get("unscored"))
+        )
         out["per_crs"][name] = row
     for i, a in enumerate(crs_names):
         for b in crs_names[i + 1 :]:
@@ -317,8 +327,8 @@ def table(results: dict) -> str:
     if results.get("goals"):
         keys = [
             "success",
-            "recall@1",
-            "recall@5",
+            "hit@1",
+            "hit@5",
             "turns_to_success",
             "objective_fit",
             "llm_recommendation_score",

@@ -25,6 +25,33 @@ class Plain:
         return "Tell me more about what you like."
 
 
+class FailsLater:
+    """Answers the first turn, raises on the second."""
+
+    def respond(self, dialogue):
+        if sum(1 for t in dialogue if t["role"] == "user") > 1:
+            raise RuntimeError("out of memory on turn two")
+        return {"reply": "Where are you?", "items": []}
+
+
+class OneAtATime:
+    """Records how many calls ran at once (a model that is not thread-safe must see one)."""
+
+    def __init__(self):
+        import threading
+
+        self.lock, self.running, self.most = threading.Lock(), 0, 0
+
+    def respond(self, dialogue):
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.05)
+        with self.lock:
+            self.running -= 1
+        return "ok"
+
+
 class Broken:
     """Fails in the ways a research prototype does, chosen by the user's latest words."""
 

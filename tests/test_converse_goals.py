@@ -40,6 +40,10 @@ def test_goals_come_from_a_real_users_past_and_their_real_next_visits(yelp):
         liked = {c for r in before if r["stars"] >= 4 for c in by_id[r["item_id"]].categories}
         assert set(goal.liked) <= liked  # taste: only the past
         assert not set(goal.disliked) & liked
+        later = [r for r in mine if r["date"] > goal.cutoff][:3]  # the next 3 reviews: liked ones, same city
+        expected = [r["item_id"] for r in later if r["stars"] >= 4 and by_id[r["item_id"]].city == goal.city]
+        assert goal.targets == list(dict.fromkeys([first.id, *expected]))
+        assert not set(goal.disliked) & set(goal.categories)  # never dislikes what it asks for
     with pytest.raises(SystemExit, match="only"):
         yelp_goals(reviews, catalogue, 100000, np.random.default_rng(0), users)
 
@@ -88,9 +92,12 @@ def test_the_ladder_random_below_oracle_through_the_simulator(raw, tmp_path):
     oracle = [d for d in dialogues if d["crs"] == "oracle"]
     assert all(d["success"] and d["success_turn"] == 1 and d["turns"] == 2 for d in oracle)
     personas = json.loads((out / "personas.json").read_text())["personas"]
-    for d in oracle:  # the user's words state the goal's slots and nothing else of the target
+    catalogue = {r.id: r for r in load_restaurants(raw / "yelp_asc_sample" / "item_subset.json")}
+    for d in oracle:  # the user's words state the goal's slots and never name a target
         goal = personas[d["persona"]]["goal"]
+        said = " ".join(text for role, text in d["transcript"] if role == "user")
         assert goal["city"] in d["transcript"][0][1]
+        assert not any(catalogue[t].name in said for t in goal["targets"])
     results = evaluate(out, raw / "recllmsim", tmp_path / "eval")
     goals = results["goals"]
     assert goals["per_crs"]["oracle"]["success"]["mean"] == 1.0

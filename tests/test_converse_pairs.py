@@ -35,7 +35,9 @@ def test_pairs_are_the_simulators_prompts_with_answers_it_can_parse(sample, toke
     by_id = {c.file: c for c in sample.conversations}
     for example in examples:
         prompt, answer = example["prompt"][0]["content"], example["completion"][0]["content"]
-        assert example["prompt"][0]["role"] == "user" and len(example["prompt"]) == 1  # as the simulator sends
+        assert (
+            example["prompt"][0]["role"] == "user" and len(example["prompt"]) == 1
+        )  # as the simulator sends
         assert count_tokens(tokenizer, example["prompt"], answer) <= 1024
         file, rest = example["example_id"].split("#")
         number = int(rest.split(":")[0])

@@ -104,30 +104,33 @@ def test_a_failing_python_plugin_is_counted_and_ends_only_its_dialogue():
     replies = crs.respond([Session() for _ in range(5)], ["raise", "hang", "shape", "blank", "ok"])
     assert time.monotonic() - started < 2.5  # the hung call was not waited for
     kinds = [r.error.split(":")[0] if r.error else None for r in replies]
-    assert kinds == ["raised", "timeout", "bad_answer", "empty_reply", None]
+    assert kinds == ["raised", "timeout", "bad_answer", "empty_reply", None] and crs.hung == 1
     assert "my model fell over" in replies[0].error and replies[4].text == "fine"
     assert "a key the protocol does not have" in replies[2].raw  # the reject kept as it came
 
 
 def test_a_plugin_that_fails_in_a_run_is_counted_per_crs_and_never_rated(raw, tmp_path):
-    target = f"{HERE / 'crs_plugins.py'}:Broken"
-    scripted = Scripted()
-    scripted_message = {"message": "please raise an error"}  # the simulated user's words reach the CRS
-    original = scripted.answer
-
-    def answer(conversation, constraint):
-        text = original(conversation, constraint)
-        return json.dumps(scripted_message) if text.startswith('{"message"') else text
-
-    scripted.answer = answer
+    target = f"{HERE / 'crs_plugins.py'}:FailsLater"
     out = tmp_path / "run"
-    summary = run(args(raw, out, f"crs=['{target}']", "refinement.enabled=false"), scripted, Scripted())
-    name = target
-    assert summary["crs"][name]["ended"] == {"crs_error": 10}
-    assert summary["counts"][f"crs_errors:{name}:raised"] == 10
+    summary = run(args(raw, out, f"crs=['{target}']", "refinement.enabled=false"), Scripted(), Scripted())
+    assert summary["crs"][target]["ended"] == {"crs_error": 10}
+    assert summary["counts"][f"crs_errors:{target}:raised"] == 10
     turns = [json.loads(line) for line in (out / "turns.jsonl").read_text().splitlines()]
-    assert len(turns) == 10 and all(t["reply"]["error"].startswith("raised") for t in turns)
-    assert summary["crs"][name]["rated_turns"] == 0  # a failed turn is never rated
+    assert len(turns) == 20  # two user turns per dialogue: the second one's reply failed
+    second = [t for t in turns if t["turn"] == 2]
+    assert all(t["reply"]["error"].startswith("raised") and "turn two" in t["reply"]["error"] for t in second)
+    assert all(t["rating"] for t in second)  # the first reply was rated on turn two ...
+    assert summary["crs"][target]["rated_turns"] == 10  # ... and the failed one never
+
+
+def test_concurrency_one_calls_a_python_plugin_one_dialogue_at_a_time():
+    spec = PluginConfig(transport="python", target=f"{HERE / 'crs_plugins.py'}:OneAtATime", concurrency=1)
+    crs = PluginCRS("serial", spec, [])
+    assert all(r.text == "ok" for r in crs.respond([Session() for _ in range(4)], ["hi"] * 4))
+    assert crs.transport.instance.most == 1
+    wide = PluginCRS("wide", PluginConfig(transport="python", target=spec.target, concurrency=4), [])
+    wide.respond([Session() for _ in range(4)], ["hi"] * 4)
+    assert wide.transport.instance.most > 1
 
 
 def crs_app() -> FastAPI:
@@ -246,6 +249,12 @@ def test_plugin_settings_are_checked():
         load_config(None, ["crs=[x]", "plugins={x: {transport: grpc, target: a}}"])
     with pytest.raises(ConfigError, match="built-in"):
         load_config(None, ["plugins={base: {transport: http, target: 'http://a'}}"])
+    with pytest.raises(ConfigError, match="model"):
+        load_config(None, ["crs=[x]", "plugins={x: {transport: openai, target: 'http://a/v1'}}"])
+    with pytest.raises(ConfigError, match="URL"):
+        load_config(None, ["crs=[x]", "plugins={x: {transport: http, target: 'localhost:8000'}}"])
+    with pytest.raises(ConfigError, match="options"):
+        load_config(None, ["crs=[x]", "plugins={x: {transport: http, target: 'http://a', options: {k: 1}}}"])
     config = load_config(None, ["crs=[base, 'my_pkg.crs:Mine']"])
     assert config.plugins["my_pkg.crs:Mine"].transport == "python"
 
@@ -289,7 +298,8 @@ def llama_server():
                 if httpx.get(f"{url}/models", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.5)
         yield url
     finally:
         process.terminate()

@@ -146,6 +146,9 @@ class ConverseConfig:
     # whole); an older turn that does not fit is cut by tokens, marked "…" and counted (turns_cut)
     transcript_tokens: int = Field(1536, ge=64)
     message_tokens: int = Field(320, ge=16)  # the most tokens a user message may take (cut_short counted)
+    rating_tokens: int = Field(
+        320, ge=32
+    )  # ... and a rating's JSON (a cut one is an unusable rating, counted)
     priors: PriorsConfig = field(default_factory=PriorsConfig)
     rating: RatingConfig = field(default_factory=RatingConfig)
     refinement: RefinementConfig = field(default_factory=RefinementConfig)
@@ -182,6 +185,19 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> ConverseC
             f"{path or 'config'}: crs: {wrong or 'none'} for setting {config.setting!r} (one of "
             f"{sorted(allowed)}, a name from plugins {sorted(config.plugins)}, or package.module:Class)"
         )
+    for name, spec in config.plugins.items():
+        if spec.transport in ("http", "openai") and not spec.target.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"{path or 'config'}: plugins.{name}.target: {spec.target!r} is not an http(s) URL"
+            )
+        if spec.transport == "openai" and not spec.model:
+            raise ConfigError(
+                f"{path or 'config'}: plugins.{name}.model: the openai transport needs the served model's name"
+            )
+        if spec.transport != "python" and spec.options:
+            raise ConfigError(
+                f"{path or 'config'}: plugins.{name}.options: only a python plug-in takes options"
+            )
     clash = sorted(set(config.plugins) & {"base", "agent", "assistant", "random", "oracle"})
     if clash:
         raise ConfigError(f"{path or 'config'}: plugins: {clash} would hide the built-in recommenders")

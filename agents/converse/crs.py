@@ -337,7 +337,7 @@ class RandomCRS(CRS):
         replies = []
         for session, text in zip(sessions, texts, strict=True):
             session.dialogue.append(("user", text))
-            left = [r for r in self.catalogue if r.id not in session.recommended]
+            left = [r for r in self.catalogue if r.id not in session.recommended] or self.catalogue
             place = left[int(self.rng.integers(len(left)))]
             reply = Reply(naming(place), [place.id])
             session.dialogue.append(("assistant", reply.text))

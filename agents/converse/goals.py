@@ -99,7 +99,7 @@ def yelp_goals(
             low = Counter(c for r in before if r["stars"] <= DISLIKED for c in by_id[r["item_id"]].categories)
             targets = [first.id] + [
                 r["item_id"]
-                for r in rows[j + 1 : j + horizon]
+                for r in rows[j + 1 : j + 1 + horizon]
                 if r["stars"] >= LIKED and by_id[r["item_id"]].city == first.city
             ]
             mine.append(
@@ -110,7 +110,10 @@ def yelp_goals(
                     categories=first.categories[:2],
                     price=first.price,
                     liked=[c for c, _ in liked.most_common(3)],
-                    disliked=[c for c, _ in low.most_common() if c not in liked][:2],
+                    # never what the goal asks for: a target's own categories are not disliked
+                    disliked=[
+                        c for c, _ in low.most_common() if c not in liked and c not in first.categories
+                    ][:2],
                     history=len(before),
                     targets=list(dict.fromkeys(targets)),
                 )
@@ -177,6 +180,8 @@ def template_message(goal: Goal, act: str, slot: str | None, first: bool) -> str
     """The act written down plainly (text.user: template): every fact it states comes from the goal."""
     if act == "end":
         return "That sounds like exactly what I wanted, thank you. I will go there."
+    if act == "give_up":
+        return "I have not found what I was looking for, so I will look elsewhere. Thank you anyway."
     if act == "give_feedback":
         return f"That is not quite it: I am looking for something {goal.slot_text(slot)}."
     if act == "clarify_preference":

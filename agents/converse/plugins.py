@@ -23,13 +23,16 @@ Transports (the config's ``plugins`` section, each entry named and listed in ``c
   only the model's window bounds it. The key is read from the environment variable ``api_key_env`` and
   never recorded. Items are not known on this transport.
 
-Every call has a ``timeout`` (seconds) and ``retries`` (a timeout, a lost connection or a 5xx is tried
-again, with a short backoff). A turn that still fails (an exception, a hang, a 4xx, a body that is not
+Every call has a ``timeout`` (seconds). The network transports have ``retries`` (http: a timeout, a
+lost connection or a 5xx is tried again with a short backoff; openai: the openai client's own retries,
+which also cover 429); a python plug-in's call is not retried (an exception is the plug-in's answer). A turn that still fails (an exception, a hang, a 4xx, a body that is not
 JSON or not the answer's shape, an empty reply) gets ``Reply.error``: the dialogue ends there as
 ``crs_error``, nothing is rated, the error and the raw answer are in the turn log and counted per CRS.
 Item ids the catalogue does not hold are refused, kept in ``Reply.refused`` and counted. Up to
-``concurrency`` dialogues are served at once (threads), so a slow server does not serialise a chunk; a
-python plug-in's calls each get a daemon thread and ``timeout`` seconds.
+``concurrency`` dialogues are served at once (threads: a python plug-in's ``respond`` must be safe to
+call from that many threads; ``concurrency: 1`` calls it one dialogue at a time), so a slow server does
+not serialise a chunk. The fingerprint records the digest of the file that defines a python plug-in's
+class (not of modules it imports).
 """
 
 from __future__ import annotations
@@ -172,6 +175,7 @@ class PluginCRS(CRS):
         self.by_id = {r.id: r for r in catalogue}
         self.transport = TRANSPORTS[spec.transport](spec)
         self.session = Session()
+        self.hung = 0  # python plug-in calls left running after their timeout
 
     def respond(self, sessions: list[Session], texts: list[str]) -> list[Reply]:
         for session, text in zip(sessions, texts, strict=True):
@@ -201,19 +205,24 @@ class PluginCRS(CRS):
             return failure
 
     def bounded(self, dialogues: list[list[dict]]) -> list[Answer | CRSFailure]:
-        """A python plug-in's calls, one daemon thread each, waited for ``timeout`` seconds: a call that
-        hangs is answered with a timeout and left behind (a daemon thread does not hold up the exit)."""
+        """A python plug-in's calls in waves of ``concurrency`` (so ``concurrency: 1`` calls it one
+        dialogue at a time), one daemon thread each, every call waited for ``timeout`` seconds from the
+        start of its wave. A call that hangs is answered with a timeout and left behind (a daemon thread
+        does not hold up the exit); calls still running are counted (``hung``)."""
         outcomes: list = [CRSFailure("timeout", f"no answer in {self.spec.timeout:g} s")] * len(dialogues)
 
         def work(k: int) -> None:
             outcomes[k] = self.outcome(dialogues[k])
 
-        threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(dialogues))]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + self.spec.timeout
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        for start in range(0, len(dialogues), self.spec.concurrency):
+            wave = range(start, min(start + self.spec.concurrency, len(dialogues)))
+            threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in wave]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + self.spec.timeout
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            self.hung += sum(thread.is_alive() for thread in threads)
         return list(outcomes)
 
     def accept(self, answer: Answer) -> Reply:

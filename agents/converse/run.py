@@ -148,6 +148,11 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
     for k, user in enumerate(users):
         targets = set(user.persona.goal["targets"]) if user.persona.goal else set()
         hit = [n for n, item in enumerate(sessions[k].recommended) if item in targets]
+        mine = [t["reply"] for t in turns if t["dialogue"] == ids[k] and t["reply"]]
+        # not scored against the goal: a CRS that does not say what it recommended, or one that failed
+        unscored = bool(targets) and (
+            user.ended == "crs_error" or any(r["recommended"] is None for r in mine)
+        )
         dialogues.append(
             {
                 "crs": crs_name,
@@ -160,7 +165,12 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
                 "recommended": sessions[k].recommended,
                 # catalogue goals: whether a target was recommended, and at which recommendation (0-based)
                 "targets": sorted(targets) if targets else None,
-                "success": bool(hit) if targets else None,
+                "success": bool(hit) if targets and not unscored else None,
+                "unscored": "crs_error"
+                if user.ended == "crs_error"
+                else "items_unknown"
+                if unscored
+                else None,
                 "first_hit": hit[0] if hit else None,
                 "success_turn": next(
                     (
@@ -258,8 +268,10 @@ def run(args, backend=None, crs_backend=None) -> dict:
                 crs = plugged.get(name) or make_crs(
                     name, config, crs_backend, catalogue, int(rng.integers(2**31 - 1))
                 )
+                hung = getattr(crs, "hung", 0)
                 dialogues, turns = converse(name, personas, ids, simulator, crs)
                 chunk_counts = Counter(simulator.counts)
+                chunk_counts[f"crs_hung_calls:{name}"] += getattr(crs, "hung", 0) - hung
                 for reply in (t["reply"] for t in turns if t["reply"]):
                     chunk_counts[f"crs_fallbacks:{name}"] += reply["fallback"]
                     chunk_counts[f"crs_refused_items:{name}"] += len(reply["refused"])

@@ -147,7 +147,9 @@ class UserSimulator:
             for item in items
         ]
         out = []
-        for item, answer in zip(items, self.generate(prompts, RATING, "rating", 160), strict=True):
+        for item, answer in zip(
+            items, self.generate(prompts, RATING, "rating", self.config.rating_tokens), strict=True
+        ):
             value = RATING.parse(answer)  # every field present, of its type and in its range, or None
             if value is None:
                 self.counts["fallback:rating"] += 1
@@ -214,6 +216,7 @@ class UserSimulator:
         )
         for i, rating in zip(rated, ratings, strict=True):
             logs[i]["rating"] = rating
+            logs[i]["fit"] = self.fit(users[i], replies[i])  # the objective part, kept if the rating fails
             if rating is None:
                 continue
             parts = [rating["language_quality"], rating["action_quality"]]
@@ -261,9 +264,14 @@ class UserSimulator:
                 logs[i]["actions"] = chosen = ["end"]
             logs[i]["ended"] = user.ended
         # responses: the template writes a goal's act where configured (text: template), the LLM the rest
-        templated = {
+        templated = {  # a user who ends without accepting closes by giving up, not by the agenda's act
             i: goals.template_message(
-                users[i].persona.goal_of(), agenda[i][0], agenda[i][1], not users[i].dialogue
+                users[i].persona.goal_of(),
+                "give_up"
+                if users[i].ended in ("max_turns", "impatient") and agenda[i][0] != "end"
+                else agenda[i][0],
+                agenda[i][1],
+                not users[i].dialogue,
             )
             for i in agenda
             if self.config.user_text == "template"
