@@ -321,3 +321,29 @@ def test_the_openai_transport_against_a_real_llama_cpp_server(llama_server):
     wrong = PluginCRS("down", PluginConfig(transport="openai", target=llama_server.replace("/v1", "/nope"),
                                            model="smollm2", retries=0), [])  # fmt: skip
     assert wrong.respond([Session()], ["hi"])[0].error.startswith("http_status")
+
+
+def test_the_example_http_crs_stands_in_the_ladder(raw, tmp_path):
+    from agents.converse.http_example import make_app
+    from eval.converse import evaluate
+
+    server, thread, url = serve(make_app(str(raw / "yelp_asc_sample" / "item_subset.json")))
+    try:
+        spec = json.dumps({"transport": "http", "target": f"{url}/respond"})
+        out = tmp_path / "run"
+        extra = ["personas=goals", "user_text=template", "max_turns=5", "crs=[random, web, oracle]"]
+        summary = run(args(raw, out, *extra, f"plugins={{web: {spec}}}"), Scripted(), Scripted())
+    finally:
+        server.should_exit = True
+        thread.join(5)
+    assert summary["counts"].get("crs_refused_items:web", 0) == 0 and not any(
+        k.startswith("crs_errors") for k in summary["counts"]
+    )
+    goals = evaluate(out, raw / "recllmsim", tmp_path / "eval")["goals"]["per_crs"]
+    assert goals["oracle"]["success"]["mean"] == 1.0 and goals["web"]["success"]["dialogues"] == 10
+    assert (
+        goals["web"]["objective_fit"]["mean"] > goals["random"]["objective_fit"]["mean"]
+    )  # BM25 finds the slots
+    dialogues = [json.loads(line) for line in (out / "dialogues.jsonl").read_text().splitlines()]
+    web = [d for d in dialogues if d["crs"] == "web"]
+    assert all(len(set(d["recommended"])) == len(d["recommended"]) for d in web)  # never the same place twice
