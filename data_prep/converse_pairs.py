@@ -103,7 +103,9 @@ def fitted(tokenizer, build, dialogue, max_tokens: int, completion: str) -> tupl
     messages = [{"role": "user", "content": build(transcript)}]
     while count_tokens(tokenizer, messages, completion) > max_tokens and budget > 0:  # "…" and joins
         budget -= 8
-        transcript, cut, _ = converse_transcript(dialogue, len(dialogue), budget, tokenizer, keep_newest=False)
+        transcript, cut, _ = converse_transcript(
+            dialogue, len(dialogue), budget, tokenizer, keep_newest=False
+        )
         messages = [{"role": "user", "content": build(transcript)}]
     if count_tokens(tokenizer, messages, completion) > max_tokens:
         return None

@@ -152,6 +152,39 @@ def converse_transcript(
     return "\n".join(reversed(kept)), cut, left_out
 
 
+# RecLLMSim's questionnaire for the real people (English wording of its Chinese items), with each answer's
+# place on the ordinal scale eval.converse uses (higher is better; for Memorization "yes, it forgot" is 0)
+QUESTIONNAIRE_ITEMS = {
+    "Memorization": (
+        "During the conversation, did the assistant forget something said earlier?",
+        {"yes": 0, "no": 1},
+    ),
+    "Detail": (
+        "Overall, how detailed were the assistant's descriptions of each option (a dish, a destination)?",
+        {"brief": 0, "average": 1, "detailed": 2},
+    ),
+    "Availability": (
+        "Overall, how much would the assistant's answers help you with a similar problem in real life?",
+        {"not usable": 0, "some reference": 1, "very useful": 2},
+    ),
+    "Diversity": (
+        "How diverse were the assistant's answers over the whole conversation?",
+        {"single": 0, "average": 1, "diverse": 2},
+    ),
+}
+
+
+def converse_questionnaire_prompt(about: str, task: str, transcript: str) -> str:
+    items = "\n".join(
+        f"{name}: {question} ({' / '.join(options)})"
+        for name, (question, options) in QUESTIONNAIRE_ITEMS.items()
+    )
+    return (
+        f"{about}\nYour task: {task}\nYour conversation with the assistant:\n{transcript}\n"
+        f"Now fill in the questionnaire about the assistant, as yourself:\n{items}"
+    )
+
+
 def converse_rating_prompt(about: str, task: str, transcript: str) -> str:
     return (
         f"{about}\nYour task: {task}\n{transcript}\n"

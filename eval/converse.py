@@ -582,6 +582,26 @@ def replay_check(data: Path, config, out: Path, source: str, limit: int | None, 
                 [xs[i] for i in keep], [ys[i] for i in keep], [convs[i].persona for i in keep], rng
             )
     holm(results["correlations"])
+    if source == "human":  # the same questionnaire the people filled, answered by the simulator
+        answers = simulator.questionnaire(recorded)
+        results["unusable_questionnaires"] = simulator.counts["fallback:questionnaire"]
+        results["questionnaire"] = {}
+        for name in QUESTIONNAIRE:
+            keep = [i for i, a in enumerate(answers) if a is not None and not np.isnan(truth[name][i])]
+            row = clustered_correlation(
+                [answers[i][name] for i in keep],
+                [truth[name][i] for i in keep],
+                [convs[i].persona for i in keep],
+                rng,
+            )
+            row["simulated_mean"] = (
+                round(float(np.mean([answers[i][name] for i in keep])), 3) if keep else None
+            )
+            row["real_mean"] = round(float(np.mean([truth[name][i] for i in keep])), 3) if keep else None
+            results["questionnaire"][name] = row
+        holm(results["questionnaire"])
+        # the ranking of the assistant models by questionnaire means is not possible: the data does not
+        # say which model answered each conversation
     out.mkdir(parents=True, exist_ok=True)
     (out / f"replay_{source}.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
     print(

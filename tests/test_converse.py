@@ -638,3 +638,61 @@ def test_no_interval_when_resamples_keep_hitting_a_constant_rating():
     y = [1] * 19 + [0]  # a recorded rating nearly always the same, as RecLLMSim's Memorization
     result = clustered_correlation(list(range(20)), y, [str(i) for i in range(20)], np.random.default_rng(0))
     assert result["spearman_ci95"] is None and "constant" in result["note"] and result["spearman"] < 0
+
+
+def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(raw, tmp_path):
+    """A backend that knows each person's real answers gives them back: every item's correlation is +1;
+    one that answers the opposite gets -1 (Holm-corrected p-values on the table of four)."""
+    from data_prep.prompt import QUESTIONNAIRE_ITEMS
+    from eval.converse import replay_check
+
+    def key(text):
+        return " ".join(text.split())[:150]
+
+    answers = {}
+    for c in recllmsim.load(raw / "recllmsim").conversations:
+        if c.source == "human":
+            for t in c.turns:
+                if t.role == "assistant":
+                    answers.setdefault(key(t.content), []).append(c.questionnaire)
+    answers = {k: v[0] for k, v in answers.items() if all(x == v[0] for x in v)}
+
+    class Knows(Scripted):
+        def __init__(self, flip):
+            super().__init__()
+            self.flip = flip
+
+        def answer(self, conversation, constraint):
+            props = (
+                json.loads(constraint.schema)["properties"]
+                if constraint and constraint.kind == "json"
+                else {}
+            )
+            if set(props) != set(QUESTIONNAIRE_ITEMS):
+                return super().answer(conversation, constraint)
+            lines = [
+                line for line in conversation[-1]["content"].splitlines() if line.startswith("Assistant: ")
+            ]
+            real = answers.get(key(lines[-1].removeprefix("Assistant: "))) if lines else None
+            if real is None:
+                return "{}"
+            out = {}
+            for name, (_, options) in QUESTIONNAIRE_ITEMS.items():
+                value = {"是": "yes", "否": "no", "简略": "brief", "一般": "average", "详细": "detailed",
+                         "不可用": "not usable", "有一定参考": "some reference", "很有用": "very useful",
+                         "结果单一": "single", "结果多样": "diverse"}[real[name]]  # fmt: skip
+                order = list(options)
+                out[name] = order[len(order) - 1 - order.index(value)] if self.flip else value
+            return json.dumps(out)
+
+    same = replay_check(raw / "recllmsim", config(), tmp_path / "a", "human", 40, Knows(False))
+    assert same["unusable_questionnaires"] < 40
+    varied = [n for n, r in same["questionnaire"].items() if "spearman" in r]
+    assert {"Detail", "Diversity"} <= set(varied)
+    assert all(same["questionnaire"][n]["spearman"] == 1.0 for n in varied)
+    assert all(
+        same["questionnaire"][n]["simulated_mean"] == same["questionnaire"][n]["real_mean"] for n in varied
+    )
+    assert all("spearman_p_holm" in same["questionnaire"][n] for n in varied)
+    flipped = replay_check(raw / "recllmsim", config(), tmp_path / "b", "human", 40, Knows(True))
+    assert all(flipped["questionnaire"][n]["spearman"] == -1.0 for n in varied)

@@ -435,6 +435,33 @@ class UserSimulator:
         return out
 
     # -- replay -------------------------------------------------------------------------------------------------
+    def questionnaire(self, conversations: list[dict]) -> list[dict | None]:
+        """conversations as for ``replay``: each whole conversation answered with RecLLMSim's questionnaire
+        for the real people (data_prep.prompt.QUESTIONNAIRE_ITEMS; a structured answer, one option per
+        item), as ordinal values; None for an unusable answer (counted: fallback:questionnaire)."""
+        from data_prep.prompt import QUESTIONNAIRE_ITEMS, converse_questionnaire_prompt
+
+        schema = Constraint.json_object(
+            **{
+                name: {"type": "string", "enum": list(options)}
+                for name, (_, options) in QUESTIONNAIRE_ITEMS.items()
+            }
+        )
+        prompts = [
+            converse_questionnaire_prompt(c["about"], c["task"], self.transcript(c["turns"]))
+            for c in conversations
+        ]
+        out = []
+        for start in tqdm(range(0, len(prompts), 32), desc="questionnaires", unit=" x32", leave=False):
+            for answer in self.generate(prompts[start : start + 32], schema, "questionnaire", 64):
+                value = schema.parse(answer)
+                if value is None:
+                    self.counts["fallback:questionnaire"] += 1
+                    out.append(None)
+                    continue
+                out.append({name: QUESTIONNAIRE_ITEMS[name][1][value[name]] for name in QUESTIONNAIRE_ITEMS})
+        return out
+
     def replay(self, conversations: list[dict]) -> list[list[dict | None]]:
         """conversations: {"about": persona text, "task", "turns": [(role, text)]}. Every assistant turn
         rated with the dialogue up to it, in batches of 32; the dialogues are not changed. The recommender's
