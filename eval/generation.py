@@ -235,6 +235,34 @@ def claims(results: dict, subject: str) -> list[dict]:
     return out
 
 
+def ablations(results: dict, subject: str) -> list[dict]:
+    """What each memory component adds to ``subject``: its recall minus the ablated row's, per user, with a
+    paired BCa interval (Bonferroni over the ablations present), and how many users' walks changed at all
+    (recall counts only hits, so a walk can change without its recall changing)."""
+    rows = [m for m in results["methods"] if m.startswith(f"{subject}/no-")]
+    if subject not in results["methods"] or not rows:
+        return []
+    confidence = 1 - 0.05 / len(rows)
+    full = results["methods"][subject]
+    out = []
+    for row in rows:
+        other = results["methods"][row]
+        diff = np.array(full["recall_per_user"]) - np.array(other["recall_per_user"])
+        low, high, share = bca_interval(diff, confidence=confidence)
+        changed = sum(a != b for a, b in zip(full.get("walks", []), other.get("walks", []), strict=False))
+        out.append(
+            {
+                "ablation": row,
+                "difference": round(float(diff.mean()), 4),
+                "ci": [round(low, 4), round(high, 4)],
+                "confidence": round(confidence, 5),
+                "walks_changed": changed,
+                "users": len(diff),
+            }
+        )
+    return out
+
+
 def run(
     config_path, set_overrides, out: Path, n_users: int, n_validation: int, after: str, steps: int,
     methods: list[str] | None = None, adapter: str | None = None, backend=None, embed=None, overwrite: bool = False,
@@ -338,6 +366,7 @@ def run(
         "methods": {m: store.get(m, made_with(m)) for m in wanted},
     }
     results["claims"] = claims(results, "tuned" if "tuned" in wanted else "agent-score")
+    results["ablations"] = ablations(results, "tuned" if "tuned" in wanted else "agent-score")
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "table.md").write_text(table(results))
     print(table(results))
@@ -370,6 +399,19 @@ def table(results: dict) -> str:
         for c in results["claims"]:
             lines.append(
                 f"| {c['claim']} | {c['difference']:+.3f} | [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | {c['resamples_above_zero']:.1%} |"
+            )
+    if results.get("ablations"):
+        confidence = results["ablations"][0]["confidence"]
+        lines += [
+            "",
+            f"| what the memory part adds (full minus ablated, recall) | difference | {confidence:.2%} CI "
+            f"(paired BCa, Bonferroni over {len(results['ablations'])}) | users whose walk changed |",
+            "|---|---|---|---|",
+        ]
+        for a in results["ablations"]:
+            lines.append(
+                f"| {a['ablation']} | {a['difference']:+.3f} | [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] | "
+                f"{a['walks_changed']} of {a['users']} |"
             )
     return "\n".join(lines) + "\n"
 

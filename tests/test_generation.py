@@ -69,6 +69,30 @@ def test_recall_hit_rate_and_the_ceiling_by_hand():
     assert g.ceiling(cases) == pytest.approx((2 / 4 + 0) / 2)
 
 
+def test_what_each_memory_part_adds_by_hand():
+    row = lambda recall, walks: {"recall_per_user": recall, "walks": walks}  # noqa: E731
+    results = {
+        "methods": {
+            "tuned": row([0.2, 0.1, 0.0, 0.1], [[1], [2], [3], [4]]),
+            "tuned/no-reflection": row([0.1, 0.1, 0.0, 0.0], [[9], [2], [8], [7]]),
+            "tuned/no-long-term": row([0.2, 0.1, 0.0, 0.1], [[1], [2], [5], [4]]),
+            "popularity": row([0.0] * 4, [[0]] * 4),
+        }
+    }
+    out = {a["ablation"]: a for a in g.ablations(results, "tuned")}
+    assert set(out) == {"tuned/no-reflection", "tuned/no-long-term"}  # not the other methods
+    assert out["tuned/no-reflection"]["difference"] == pytest.approx(0.05)  # (0.1 + 0 + 0 + 0.1) / 4
+    assert (
+        out["tuned/no-reflection"]["walks_changed"] == 3 and out["tuned/no-long-term"]["walks_changed"] == 1
+    )
+    assert out["tuned/no-long-term"]["difference"] == 0 and out["tuned/no-long-term"]["confidence"] == 0.975
+    assert "what the memory part adds" in g.table({**results, "claims": [], "left_out": {}, "ablations": list(out.values()),
+                                                   "steps": 1, "after": "x", "ceiling_recall": 0.5,
+                                                   "recommender": {"page_size": 5, "kind": "mf"},
+                                                   "methods": {k: {**v, "users": 4, "recall": {"mean": 0, "ci95": [0, 0]},
+                                                               "hit_rate": {"mean": 0, "ci95": [0, 0]}} for k, v in results["methods"].items()}})  # fmt: skip
+
+
 def test_the_agent_walks_the_pages_picking_rating_and_remembering_each_film(ml, cases):
     truth = {ml.movies[m].text(tags_before=c["cutoff"]) for c in cases for m in c["next"]}
     backend = PageScoring(prefer=lambda line: -0.1 if line in truth else -5.0)
