@@ -268,7 +268,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def llama_server():
+def llama_server(tmp_path_factory):
     """The offline SmolLM2 GGUF served by llama-cpp-python's own OpenAI-compatible server (a process of
     code nobody here wrote). CI installs it (.ci/run); elsewhere the test says how."""
     pytest.importorskip(
@@ -284,22 +284,26 @@ def llama_server():
 
     folder, name = _smollm2_gguf()
     port = free_port()
+    # its log goes to a file: a pipe nobody reads fills up and stops the server mid-load
+    log = tmp_path_factory.mktemp("llama") / "server.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(folder / name), "--host", "127.0.0.1",
          "--port", str(port), "--model_alias", "smollm2", "--n_ctx", "2048"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=open(log, "w"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}/v1"
     try:
         for _ in range(240):
             if process.poll() is not None:
-                pytest.fail(f"llama_cpp.server exited: {process.stderr.read().decode()[-2000:]}")
+                pytest.fail(f"llama_cpp.server exited: {log.read_text()[-2000:]}")
             try:
                 if httpx.get(f"{url}/models", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
+        else:
+            pytest.fail(f"llama_cpp.server did not answer in 120 s: {log.read_text()[-2000:]}")
         yield url
     finally:
         process.terminate()
