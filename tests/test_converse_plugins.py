@@ -273,7 +273,7 @@ def llama_server(tmp_path_factory):
     code nobody here wrote). CI installs it (.ci/run); elsewhere the test says how."""
     pytest.importorskip(
         "llama_cpp.server",
-        reason='llama-cpp-python[server] is not installed (pip install "llama-cpp-python[server]"; .ci/run does)',
+        reason='llama-cpp-python[server] is not installed (pip install "llama-cpp-python[server]==0.3.6"; .ci/run does)',
     )
     import subprocess
     import sys
