@@ -28,6 +28,19 @@ def valid_lines(path: Path) -> list[tuple[str, dict]]:
     return out
 
 
+def json_lines(path: Path):
+    """(line number, value) for each non-blank line of a JSON-lines input that must be whole (a small
+    catalogue or review sample); a line that is not JSON stops with an error naming the file and line."""
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as error:
+                raise SystemExit(f"error: {path} line {number}: {error!r}") from None
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The values of a JSON-lines file's whole lines (see valid_lines)."""
     return [row for _, row in valid_lines(path)]

@@ -311,45 +311,31 @@ def plot_lengths(control: dict, real_words: list[int], path: Path) -> None:
     plt.close(fig)
 
 
-def table(results: dict) -> str:
-    lines = ["| recommender | " + " | ".join(KEYS) + " |", "|---|" + "---|" * len(KEYS)]
-    for name, row in results["ratings"]["per_crs"].items():
+GOAL_KEYS = ("success", "hit@1", "hit@5", "turns_to_success", "objective_fit", "llm_recommendation_score")
+
+
+def per_crs_lines(section: dict, keys, title: str) -> list[str]:
+    """One markdown table: a row per recommender (mean [interval] (n) per key), then the paired rows."""
+    lines = [f"| {title} | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for name, row in section["per_crs"].items():
         cells = []
-        for key in KEYS:
+        for key in keys:
             r = row[key]
             ci = f" [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]" if r["ci95"] else ""
             cells.append(f"{r['mean']:.2f}{ci} (n={r['dialogues']})" if r["mean"] is not None else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    for name, r in results["ratings"]["paired"].items():
+    for name, r in section["paired"].items():
         ci = f" [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r["ci95"] else ""
-        lines.append(f"| paired {name} | {r['mean']:+.2f}{ci} (n={r['dialogues']}) | | |")
-    lines.append("")
+        lines.append(
+            f"| paired {name} | {r['mean']:+.2f}{ci} (n={r['dialogues']}) |" + " |" * (len(keys) - 1)
+        )
+    return lines + [""]
+
+
+def table(results: dict) -> str:
+    lines = per_crs_lines(results["ratings"], KEYS, "recommender")
     if results.get("goals"):
-        keys = [
-            "success",
-            "hit@1",
-            "hit@5",
-            "turns_to_success",
-            "objective_fit",
-            "llm_recommendation_score",
-        ]
-        lines += [
-            "| recommender (catalogue goals) | " + " | ".join(keys) + " |",
-            "|---|" + "---|" * len(keys),
-        ]
-        for name, row in results["goals"]["per_crs"].items():
-            cells = []
-            for key in keys:
-                r = row[key]
-                ci = f" [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]" if r["ci95"] else ""
-                cells.append(f"{r['mean']:.2f}{ci} (n={r['dialogues']})" if r["mean"] is not None else "")
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        for name, r in results["goals"]["paired"].items():
-            ci = f" [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r["ci95"] else ""
-            lines.append(
-                f"| paired {name} | {r['mean']:+.2f}{ci} (n={r['dialogues']}) |" + " |" * (len(keys) - 1)
-            )
-        lines.append("")
+        lines += per_crs_lines(results["goals"], GOAL_KEYS, "recommender (catalogue goals)")
     if "note" in results["realism"]:
         lines += [f"Realism and identification: {results['realism']['note']}.", ""]
     else:

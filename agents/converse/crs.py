@@ -18,7 +18,6 @@ recommended (catalogue ids), so the simulator knows when to rate the recommendat
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from agents.llm import Constraint, Sampling
 from agents.retrieval import BM25, top_indices
+from agents.runs import json_lines
 
 CANDIDATES = 5
 
@@ -48,25 +48,19 @@ def load_restaurants(path) -> list[Restaurant]:
     """The Yelp sample's businesses that are restaurants or food places; a malformed line is an error
     naming the line (the catalogue is small and must be whole)."""
     out = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-                categories = [c.strip() for c in (item.get("categories") or "").split(",") if c.strip()]
-            except (json.JSONDecodeError, AttributeError) as err:
-                raise SystemExit(f"error: {path} line {number}: {err}") from None
-            if not {"Restaurants", "Food"} & set(categories):
-                continue
-            level = (item.get("attributes") or {}).get("RestaurantsPriceRange2")
-            price = "$" * int(level) if str(level).isdigit() else ""
-            kept = [c for c in categories if c not in ("Restaurants", "Food")]
-            out.append(
-                Restaurant(
-                    item["item_id"], item["name"], item.get("city", ""), kept, price, item.get("stars")
-                )
-            )
+    for number, item in json_lines(path):
+        try:
+            categories = [c.strip() for c in (item.get("categories") or "").split(",") if c.strip()]
+        except AttributeError as err:
+            raise SystemExit(f"error: {path} line {number}: {err}") from None
+        if not {"Restaurants", "Food"} & set(categories):
+            continue
+        level = (item.get("attributes") or {}).get("RestaurantsPriceRange2")
+        price = "$" * int(level) if str(level).isdigit() else ""
+        kept = [c for c in categories if c not in ("Restaurants", "Food")]
+        out.append(
+            Restaurant(item["item_id"], item["name"], item.get("city", ""), kept, price, item.get("stars"))
+        )
     return out
 
 

@@ -18,12 +18,13 @@ and its slot; the LLM or a template only writes it down.
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from agents.runs import json_lines
 
 LIKED, DISLIKED = 4.0, 2.0  # stars at or above: liked; at or below: disliked
 SLOTS = ("city", "category", "price")
@@ -57,15 +58,11 @@ class Goal:
 def read_reviews(path: Path) -> list[dict]:
     """The review file's lines; a malformed line is an error naming it (the sample is small and whole)."""
     out = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                out.append({k: row[k] for k in ("user_id", "item_id", "stars", "date")})
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise SystemExit(f"error: {path} line {number}: {error!r}") from None
+    for number, row in json_lines(path):
+        try:
+            out.append({k: row[k] for k in ("user_id", "item_id", "stars", "date")})
+        except (KeyError, TypeError) as error:
+            raise SystemExit(f"error: {path} line {number}: {error!r}") from None
     return out
 
 

@@ -34,7 +34,7 @@ from agents.converse.profiles import Persona, load_sources, resolve_conflicts, s
 from agents.converse.simulator import User, UserSimulator
 from agents.llm import EXECUTION_FIELDS
 from agents.plugins import PluginError
-from agents.runs import Lock, read_jsonl, valid_lines, write_json
+from agents.runs import Lock, json_lines, read_jsonl, valid_lines, write_json
 from data_prep import fingerprint
 from data_prep.provenance import provenance
 
@@ -95,7 +95,7 @@ def personas_for(config, out: Path, backend) -> tuple[list[Persona], dict]:
         if config.personas == "goals":
             users = None
             if config.goal_users:
-                users = {json.loads(line)["user_id"] for line in open(config.goal_users) if line.strip()}
+                users = {row["user_id"] for _, row in json_lines(Path(config.goal_users))}
             found = yelp_goals(read_reviews(Path(config.reviews)), catalogue, config.dialogues, rng, users)
             report["goals"] = {"users": len({g.user for g in found}), "targets_per_goal": float(
                 np.mean([len(g.targets) for g in found]))}  # fmt: skip
@@ -148,11 +148,13 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
     for k, user in enumerate(users):
         targets = set(user.persona.goal["targets"]) if user.persona.goal else set()
         hit = [n for n, item in enumerate(sessions[k].recommended) if item in targets]
-        mine = [t["reply"] for t in turns if t["dialogue"] == ids[k] and t["reply"]]
-        # not scored against the goal: a CRS that does not say what it recommended, or one that failed
-        unscored = bool(targets) and (
-            user.ended == "crs_error" or any(r["recommended"] is None for r in mine)
-        )
+        answered = [t for t in turns if t["dialogue"] == ids[k] and t["reply"]]
+        # not scored against the goal: a CRS that failed, or one that does not say what it recommended
+        unscored = None
+        if user.ended == "crs_error":
+            unscored = "crs_error"
+        elif targets and any(t["reply"]["recommended"] is None for t in answered):
+            unscored = "items_unknown"
         dialogues.append(
             {
                 "crs": crs_name,
@@ -166,22 +168,11 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
                 # catalogue goals: whether a target was recommended, and at which recommendation (0-based)
                 "targets": sorted(targets) if targets else None,
                 "success": bool(hit) if targets and not unscored else None,
-                "unscored": "crs_error"
-                if user.ended == "crs_error"
-                else "items_unknown"
-                if unscored
-                else None,
+                "unscored": unscored,
                 "first_hit": hit[0] if hit else None,
                 "success_turn": next(
-                    (
-                        t["turn"]
-                        for t in turns
-                        if t["dialogue"] == ids[k]
-                        and t["reply"]
-                        and set(t["reply"]["recommended"] or []) & targets
-                    ),
-                    None,
-                ),  # fmt: skip
+                    (t["turn"] for t in answered if set(t["reply"]["recommended"] or []) & targets), None
+                ),
                 "transcript": user.dialogue,
             }
         )
