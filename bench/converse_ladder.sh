@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The conversational simulator's known-quality ladder (bench/README.md, "Conversational user simulator"):
-# 38 real Yelp users' goals (one each) against random, BaseCRS, AgentCRS, the example HTTP CRS and the
+# GOALS (default 16) real Yelp users' goals (one each) against random, BaseCRS, AgentCRS, the example HTTP CRS and the
 # oracle, rated by the simulator on one backbone; then the evaluation (success, hit@k, turns to success,
 # objective fit, the three ratings, paired differences). Every run resumes where it stopped.
 #   bash bench/converse_ladder.sh                                         # base SmolLM2, runs/converse/ladder-base
@@ -9,6 +9,7 @@ set -euo pipefail
 SHARED=${SHARED:-../shared/data/raw}
 PY=${PY:-.venv/bin/python}
 NAME=${NAME:-base}
+GOALS=${GOALS:-16}
 OUT=${OUT:-runs/converse/ladder-$NAME}
 PORT=${PORT:-8765}
 "$PY" -m agents.converse.http_example --catalogue "$SHARED/yelp_asc_sample/item_subset.json" --port "$PORT" &
@@ -17,7 +18,7 @@ trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 60); do curl -s -o /dev/null "http://127.0.0.1:$PORT/docs" && break; sleep 0.5; done
 SETTINGS=(data="$SHARED/recllmsim" catalogue="$SHARED/yelp_asc_sample/item_subset.json"
     reviews="$SHARED/yelp_asc_sample/review_subset.json" goal_users="$SHARED/yelp_asc_sample/user_subset.json"
-    dialogues=38 max_turns=5 "crs=[random, base, agent, web, oracle]"
+    dialogues=$GOALS max_turns=5 "crs=[random, base, agent, web, oracle]"
     "plugins={web: {transport: http, target: 'http://127.0.0.1:$PORT/respond'}}")
 [ -n "${ADAPTER:-}" ] && SETTINGS+=("llm.adapter=$ADAPTER")
 "$PY" -m agents.converse --config configs/converse/yelp.yaml --out "$OUT" --set "${SETTINGS[@]}"

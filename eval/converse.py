@@ -31,6 +31,7 @@ judged levels by the persona's level).
     python -m eval.converse --replay llm --limit 60 --set llm.adapter=runs/converse/sft/smollm2_lora \
         --out runs/converse/replay-tuned
     python -m eval.converse --consistency runs/converse/replay-base/replay_llm.json runs/converse/replay-tuned/replay_llm.json
+    python -m eval.converse --replay human --questionnaire-only --out runs/converse/agreement-base
 
 - **Replay** (``--replay llm|human``): the simulator rates the assistant turns of recorded
   conversations; its conversation-level ratings against RecLLMSim's 7 ratings (LLM users) or the
@@ -510,11 +511,21 @@ def holm(correlations: dict) -> dict:
     return correlations
 
 
-def replay_check(data: Path, config, out: Path, source: str, limit: int | None, backend=None) -> dict:
+def replay_check(
+    data: Path,
+    config,
+    out: Path,
+    source: str,
+    limit: int | None,
+    backend=None,
+    turn_ratings: bool = True,
+) -> dict:
     """Replay recorded conversations (``source`` llm: RecLLMSim's LLM users against their 7 ratings;
     human: the real people against their questionnaires) with the simulator, and correlate its
     conversation-level ratings (the mean over the assistant turns of each rating) with the recorded
-    ones, clustered by persona. ``limit``: the first N conversations of a seeded shuffle."""
+    ones, clustered by persona. ``limit``: the first N conversations of a seeded shuffle. For the real
+    people the simulator also fills their questionnaire; ``turn_ratings=False`` does only that (one
+    prompt per conversation instead of one per assistant turn as well)."""
     from agents.converse.simulator import UserSimulator
     from data_prep.converse_pairs import profile_text
 
@@ -532,7 +543,9 @@ def replay_check(data: Path, config, out: Path, source: str, limit: int | None, 
         {"about": profile_text(c), "task": c.task_context, "turns": [(t.role, t.content) for t in c.turns]}
         for c in convs
     ]
-    rated = simulator.replay(recorded)
+    if source == "llm" and not turn_ratings:
+        raise ValueError("the LLM users' replay is their turn ratings; questionnaire-only is for --replay human")
+    rated = simulator.replay(recorded) if turn_ratings else [[] for _ in recorded]
     mean = {
         key: [
             float(np.mean([r[key] for r in rs if r and r.get(key) is not None] or [np.nan])) for rs in rated
@@ -552,6 +565,7 @@ def replay_check(data: Path, config, out: Path, source: str, limit: int | None, 
         "conversations": len(convs),
         "model": config.llm.model,
         "adapter": config.llm.adapter,
+        "turn_ratings": turn_ratings,
         "unusable_ratings": simulator.counts["fallback:rating"],
         "correlations": {},
         # per conversation, the simulator's mean ratings: what --consistency compares across backbones
@@ -561,7 +575,7 @@ def replay_check(data: Path, config, out: Path, source: str, limit: int | None, 
         },
         "persona": {c.file: c.persona for c in convs},
     }
-    for key, xs in mean.items():
+    for key, xs in mean.items() if turn_ratings else ():
         for name, ys in truth.items():
             keep = [i for i in range(len(convs)) if not np.isnan(xs[i]) and not np.isnan(ys[i])]
             results["correlations"][f"{key} ~ {name}"] = clustered_correlation(
@@ -590,11 +604,12 @@ def replay_check(data: Path, config, out: Path, source: str, limit: int | None, 
         # say which model answered each conversation
     out.mkdir(parents=True, exist_ok=True)
     (out / f"replay_{source}.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
+    shown = {**results["correlations"], **results.get("questionnaire", {})}
     print(
         json.dumps(
             {
                 k: {m: v.get(m) for m in ("n", "spearman", "spearman_ci95", "spearman_p_holm")}
-                for k, v in results["correlations"].items()
+                for k, v in shown.items()
             },
             indent=1,
         )
@@ -664,6 +679,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--limit", type=int, help="replay: at most this many conversations")
     parser.add_argument("--set", nargs="*", action="extend", default=[], help="replay: config overrides")
+    parser.add_argument(
+        "--questionnaire-only",
+        action="store_true",
+        help="replay human: only the people's questionnaire, not the per-turn ratings as well",
+    )
     parser.add_argument("--consistency", type=Path, nargs=2, help="two replay JSONs of different backbones")
     args = parser.parse_args(argv)
     if not (args.run or args.replay or args.consistency):
@@ -677,7 +697,10 @@ def main(argv: list[str] | None = None) -> None:
         from agents.converse.config import load_config
 
         out = args.out or Path("runs/converse/replay")
-        replay_check(args.data, load_config(args.config, args.set), out, args.replay, args.limit)
+        config = load_config(args.config, args.set)
+        replay_check(
+            args.data, config, out, args.replay, args.limit, turn_ratings=not args.questionnaire_only
+        )
     else:
         evaluate(args.run, args.data, args.out or args.run / "eval")
 

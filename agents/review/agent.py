@@ -130,6 +130,16 @@ class AgentConfig:
     sentiment_weight: float = field(
         default=1.0, metadata={"help": "mbr: weight of the sentiment stand-in against the topic one"}
     )
+    agent: str | None = field(
+        default=None,
+        metadata={
+            "help": "an AgentSociety SimulationAgent to run instead of a shipped kind: path/to/file.py:Class "
+            "or package.module:Class (agents.review.official)"
+        },
+    )
+    agent_timeout_s: float = field(
+        default=300.0, metadata={"help": "--agent: seconds a task's workflow may run (the official limit)"}
+    )
 
 
 @dataclass

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig
+from agents.review import official
 from agents.review.agent import COUNTS, MBR_FIELDS, AgentConfig, ReviewAgent
 from data_prep import fingerprint
 from data_prep.provenance import provenance
@@ -46,8 +47,14 @@ from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
 
 # Settings that change how fast a run goes, not what it predicts: left out of the fingerprint.
-EXECUTION_FIELDS = {"batch_size", "gpu_memory_utilization", *LLM_EXECUTION_FIELDS}
-WORK_FILES = ("predictions.jsonl", "errors.jsonl", "invocations.jsonl", "star_model.json")
+EXECUTION_FIELDS = {"batch_size", "gpu_memory_utilization", "agent_timeout_s", *LLM_EXECUTION_FIELDS}
+WORK_FILES = (
+    "predictions.jsonl",
+    "errors.jsonl",
+    "invocations.jsonl",
+    "star_model.json",
+    "agent_failures.jsonl",
+)
 PACKAGES = ["torch", "transformers", "peft", "sentence-transformers"]
 
 
@@ -114,8 +121,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments, store) -> dict:
-    """What decides a run's predictions (see data_prep.fingerprint)."""
-    uses_llm = agent_config.kind != "stats"
+    """What decides a run's predictions (see data_prep.fingerprint); a plug-in agent by its import path
+    and its file's digest."""
+    uses_llm = uses_an_llm(agent_config)
     keep = lambda config: {k: v for k, v in asdict(config).items() if k not in EXECUTION_FIELDS}  # noqa: E731
     build = json.loads(store.meta().get("fingerprint") or "{}")
     build.pop("inputs", None)  # file paths: the same data in another clone or mount is the same store
@@ -129,7 +137,18 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
         "tasks": fingerprint.task_folder_digest(args.tasks),
         "store": hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest(),
         "shard": args.shard,
+        **({"plugin": plugin(agent_config)} if agent_config.agent else {}),
     }
+
+
+def uses_an_llm(agent_config: AgentConfig) -> bool:
+    return agent_config.kind != "stats" or agent_config.agent is not None
+
+
+def plugin(agent_config: AgentConfig) -> dict:
+    """An --agent plug-in's target and file digest (agents.plugins.describe) for the fingerprint."""
+    record = official.plugin_record(agent_config.agent)
+    return {"target": record["target"], "sha256": record["sha256"]}
 
 
 def adapter_postdates(adapter: str | None, tasks: list[dict], store: ReviewStore) -> dict | None:
@@ -227,13 +246,14 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
         run_tasks(agent_config, llm_config, store, args, todo, done, out)
     else:
         print("nothing left to run: no model loaded")
-    uses_llm = agent_config.kind != "stats"
+    uses_llm = uses_an_llm(agent_config)
     extra = {
         "agent": asdict(agent_config),
         "visibility": agent_config.visibility,
         "llm": asdict(llm_config) if uses_llm else None,
         "ran_now": len(todo),
         "retrieval": agent_config.retrieval,
+        "plugin": official.plugin_record(agent_config.agent) if agent_config.agent else None,
         "adapter_training_data": adapter_postdates(llm_config.adapter, tasks, store) if uses_llm else None,
     }
     summary = summarise(out, tasks, done, extra)
@@ -254,7 +274,10 @@ def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dic
         from eval.backends import packaged_minilm
 
         encoder = packaged_minilm("cpu", 64)
-    agent = ReviewAgent(agent_config, llm_config, store, encoder)
+    if agent_config.agent:  # an AgentSociety agent named by import path
+        agent = official.OfficialAgentRunner(agent_config, llm_config, store, out, encoder)
+    else:
+        agent = ReviewAgent(agent_config, llm_config, store, encoder)
     (out / "star_model.json").write_text(json.dumps(agent.stars.report, indent=2, default=str))
     with open(out / "invocations.jsonl", "a") as log:
         record = {
