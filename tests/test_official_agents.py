@@ -166,7 +166,9 @@ def test_an_agent_that_raises_hangs_or_answers_out_of_range_is_counted_and_falls
         else:
             assert row["source"] == "fallback" and row["counts"] == {expected[mode]: 1, "fallbacks": 1}
             assert 1 <= row["stars"] <= 5 and row["review"].strip()  # the stats agent's prediction
-    failures = [json.loads(line) for line in (tmp_path / "run" / "agent_failures.jsonl").read_text().splitlines()]
+    failures = [
+        json.loads(line) for line in (tmp_path / "run" / "agent_failures.jsonl").read_text().splitlines()
+    ]
     assert sorted(f["task_id"] for f in failures) == sorted(k for k, m in modes.items() if m != 3)
     assert all("my agent broke" in f["detail"] for f in failures if f["reason"] == "agent_raised")
     for mode, reason in expected.items():
@@ -205,7 +207,7 @@ def test_the_batcher_answers_every_caller_with_its_own_answers_and_passes_on_err
 
     slots = {text: {} for text in ("a", "b", "c")}
     threads = [threading.Thread(target=call, args=(t, 2 if t == "b" else 1)) for t in slots]
-    for thread in threads:
+    for _ in threads:
         batcher.started()
     for thread in threads:
         thread.start()
