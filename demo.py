@@ -9,7 +9,7 @@
    SmolLM2-135M-Instruct on the CPU (train.sft, configs/sft/smollm2_cpu.yaml), writing its loss curve;
 4. simulate the 50 held-out tasks with all six agents (stats, stats-mbr, asc-baseline, retrieval-llm,
    tuned, tuned-mbr) and three model-free baselines, score everything with the offline evaluator and its
-   fidelity report, print the comparison table and write its chart (agents.suite).
+   fidelity report, print the comparison table and write its chart (eval.suite).
 
 Rerunning resumes or skips what is done; a step whose inputs changed (new code that builds other
 pairs, say) is redone instead of mixed with the earlier work. Where ../shared/data/raw is absent it
@@ -23,9 +23,9 @@ import json
 import time
 from pathlib import Path
 
-from agents.review import suite
 from data_prep import build, pairs, split
 from data_prep.store import ReviewStore
+from eval import suite
 from train import sft
 
 

@@ -259,7 +259,7 @@ def load_adapter(model, name: str, adapter: str):
         base = adapter_base(adapter)
         raise SystemExit(
             f"error: the adapter {adapter} does not fit {name}: it was trained on {base}. Give that model "
-            f"(model: in the agent config; agents.suite --set model={base})"
+            f"(model: in the agent config; eval.suite --set model={base})"
         ) from None
 
 

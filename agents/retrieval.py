@@ -51,7 +51,7 @@ def top_indices(scores: np.ndarray, k: int | None = None) -> np.ndarray:
 
 
 class Retriever:
-    """``encoder``: texts -> embeddings (e.g. eval.backends' packaged MiniLM); None means BM25.
+    """``encoder``: texts -> embeddings (e.g. agents.encoders' packaged MiniLM); None means BM25.
 
     Embeddings are cached per text (at most ``cache_size`` texts; the cache is emptied when full), and
     ``rank_many`` encodes every new text of a batch of requests in one encoder call."""

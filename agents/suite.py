@@ -1,10 +1,12 @@
-"""Entry point of the review suite, kept here for the demo and the README; the code and its
-documentation are in agents/review/suite.py.
+"""The review suite moved to eval/suite.py (it scores agents with the evaluator, so it lives above
+both): ``python -m eval.suite``. This entry point forwards to it for existing scripts.
 
-    python -m agents.suite --data DATA --tasks TASKS --adapter ADAPTER --out OUT
+    python -m eval.suite --data DATA --tasks TASKS --adapter ADAPTER --out OUT
 """
 
-from agents.review.suite import main
+import runpy
+import sys
 
 if __name__ == "__main__":
-    main()
+    print("note: agents.suite is now eval.suite (python -m eval.suite); forwarding", file=sys.stderr)
+    runpy.run_module("eval.suite", run_name="__main__", alter_sys=True)

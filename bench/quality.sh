@@ -29,9 +29,9 @@ set -x
 [[ -f "$OUT/pairs/card.json" ]] || "$PY" -m data_prep.pairs --data "$OUT/data" --tasks "$OUT/tasks_all" \
     --out "$OUT/pairs" --k-user 2 --k-item 1 --max-tokens 256
 "$PY" -m train.sft --config configs/sft/smollm2_cpu.yaml --pairs "$OUT/pairs" --output_dir "$OUT/sft"
-"$PY" -m agents.suite --data "$OUT/data" --tasks "$OUT/tasks_50" --adapter "$OUT/sft" \
+"$PY" -m eval.suite --data "$OUT/data" --tasks "$OUT/tasks_50" --adapter "$OUT/sft" \
     --out "$OUT/suite_50" --visibility "$VISIBILITY"
-"$PY" -m agents.suite --kinds stats stats-mbr tuned tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_all" \
+"$PY" -m eval.suite --kinds stats stats-mbr tuned tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_all" \
     --adapter "$OUT/sft" --out "$OUT/suite_all" --visibility "$VISIBILITY"
 E="$OUT/suite_all/eval"
 "$PY" -m bench.selection_bench --run "$OUT/suite_all/sim/tuned-mbr" --data "$OUT/data" --tasks "$OUT/tasks_all" \

@@ -13,7 +13,7 @@
 # 4. the pool ablation against stats, stats-mbr, nearest-centroid and the 50-step adapter's runs.
 # Every step resumes or skips finished work. With VISIBILITY=official the suites and the ablation write to
 # suite_quality_official and selection_quality_official, against the 50-step adapter's official runs in
-# suite_all_official (made by the agents.suite command of bench/README.md, "official visibility").
+# suite_all_official (made by the eval.suite command of bench/README.md, "official visibility").
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 Q=runs/quality
@@ -34,7 +34,7 @@ set -x
     --tasks "$Q/amazon/tasks_all" "$Q/yelp/tasks_all" --out "$Q/pairs_quality" --k-user 4 --k-item 2 --max-tokens 512
 [[ -f "$Q/sft_quality/training_card.json" ]] || "$PY" -m train.sft --config configs/sft/smollm2_cpu_quality.yaml
 for S in $SAMPLES; do
-    "$PY" -m agents.suite --kinds stats stats-mbr tuned-mbr --data "$Q/$S/data" --tasks "$Q/$S/tasks_all" \
+    "$PY" -m eval.suite --kinds stats stats-mbr tuned-mbr --data "$Q/$S/data" --tasks "$Q/$S/tasks_all" \
         --adapter "$Q/sft_quality" --out "$Q/$S/suite_quality$SUFFIX" --max-new-tokens 128 \
         --set k_user=4 k_item=2 prompt_tokens=512 --visibility "$VISIBILITY"
     E="$Q/$S/suite_quality$SUFFIX/eval"

@@ -544,7 +544,9 @@ def replay_check(
         for c in convs
     ]
     if source == "llm" and not turn_ratings:
-        raise ValueError("the LLM users' replay is their turn ratings; questionnaire-only is for --replay human")
+        raise ValueError(
+            "the LLM users' replay is their turn ratings; questionnaire-only is for --replay human"
+        )
     rated = simulator.replay(recorded) if turn_ratings else [[] for _ in recorded]
     mean = {
         key: [

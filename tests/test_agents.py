@@ -13,13 +13,13 @@ import yaml
 
 from agents.llm import Constraint, LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
 from agents.review import agent as agent_module
-from agents.review import simulate, suite
+from agents.review import simulate
 from agents.review.agent import KINDS, AgentConfig, ReviewAgent, in_sample
 from agents.review.stars import StarModel
 from data_prep.schema import format_utc
 from data_prep.store import ReviewStore, to_epoch
 from data_prep.tasks import read_targets, read_tasks
-from eval import baselines
+from eval import baselines, suite
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from data_prep.paths import REPO_ROOT
 
 ENTRY_POINTS = [
     "data_prep.build", "data_prep.split", "data_prep.pairs", "data_prep.fetch_sample",
-    "train.sft", "train.batch", "agents.simulate", "agents.suite", "eval.review", "eval.baselines",
+    "train.sft", "train.batch", "agents.simulate", "agents.suite", "eval.suite", "eval.review", "eval.baselines",
     "bench.gpu_check", "bench.sandbox_bench", "eval.discrimination", "agents.sandbox",
 ]  # fmt: skip
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from nltk.sentiment import SentimentIntensityAnalyzer
 
-from eval.lexicon import NLTK_LEXICON_SHA256, nltk_lexicon_text, offline_nltk_data
+from agents.lexicon import NLTK_LEXICON_SHA256, nltk_lexicon_text, offline_nltk_data
 from eval.metrics import (
     aggregate,
     clip_stars,

@@ -219,3 +219,18 @@ def test_the_batcher_answers_every_caller_with_its_own_answers_and_passes_on_err
     slots["boom"] = {}
     call("boom", 1)
     assert errors == ["backend down"]
+
+
+def test_the_suite_scores_a_plugged_agent_beside_the_shipped_ones(
+    agent_file, backend, yelp_store, tasks, tmp_path
+):
+    from eval import baselines, suite
+
+    table, agents, claims = suite.run_suite(
+        yelp_store, tasks, tmp_path, adapter=None, kinds=("stats",), plugins=(f"{agent_file}:ReadsTheStore",)
+    )
+    names = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    assert names == [*baselines.KINDS, "stats", "ReadsTheStore"]
+    assert "| ReadsTheStore | 12/12 |" in agents
+    for baseline in ("stats", "nearest-centroid", "user-mean"):
+        assert f"| ReadsTheStore > {baseline} | overall |" in claims

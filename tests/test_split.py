@@ -90,7 +90,7 @@ def test_temporal_split(yelp, tmp_path):
 def test_temporal_history_counts_only_reviews_that_stay_visible(tmp_path):
     """A user who reviewed an item before the cutoff and again after it: the earlier review belongs to
     a pair that becomes a task, so the block set hides it; it is no history (a task with no visible
-    older review used to make agents.suite stop)."""
+    older review used to make eval.suite stop)."""
 
     def review(rid, user, item, date, stars=4.0):
         return {

@@ -220,7 +220,7 @@ class ReviewAgent:
         if config.kind == "tuned" and config.blend_fraction > 0:
             self.stars.set_llm_validation(self.llm_validation_stars(llm_config.adapter))
         if config.selection == "mbr":
-            from eval.backends import VaderSentiment
+            from agents.encoders import VaderSentiment
 
             self.vader = VaderSentiment(offline=True)
             self.sentiment = SentimentByStars.from_store(store)

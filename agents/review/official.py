@@ -167,7 +167,7 @@ def embedding_model():
     what the official LLMs' get_embedding_model() returns."""
     from langchain_core.embeddings import Embeddings
 
-    from eval.backends import packaged_minilm
+    from agents.encoders import packaged_minilm
 
     encoder = packaged_minilm("cpu", 64)
 

@@ -99,8 +99,8 @@ class SentimentByStars:
     @classmethod
     def from_store(cls, store) -> SentimentByStars:
         """Over every review the store shows (task pairs blocked), scored with the offline VADER."""
+        from agents.encoders import VaderSentiment
         from data_prep.store import to_epoch
-        from eval.backends import VaderSentiment
 
         reviews = list(store.visible_reviews())
         compounds = VaderSentiment(offline=True)([r["text"] for r in reviews])

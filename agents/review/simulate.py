@@ -271,7 +271,7 @@ def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dic
     started = time.perf_counter()
     encoder = None
     if agent_config.retrieval == "embedding":
-        from eval.backends import packaged_minilm
+        from agents.encoders import packaged_minilm
 
         encoder = packaged_minilm("cpu", 64)
     if agent_config.agent:  # an AgentSociety agent named by import path

@@ -131,8 +131,8 @@ def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool =
         interests = [p.interests for p in profiles]
         graph = generate_graph(names, interests, config.graph.mean_degree, config.graph.homophily, rng)
     if embed is None:
+        from agents.encoders import packaged_minilm
         from agents.retrieval import Retriever
-        from eval.backends import packaged_minilm
 
         embed = Retriever(packaged_minilm("cpu", 64)).embed
     if fresh:

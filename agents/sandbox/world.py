@@ -47,9 +47,9 @@ from agents.sandbox.profiles import Profile
 from agents.sandbox.rating import Rater
 from agents.sandbox.recommender import Feed
 from agents.sandbox.social import activity_levels, levels_from_counts
+from agents.text import distinct, repeats_ngram, words
 from data_prep.movielens import day, existing_films, parse_moment
 from data_prep.prompt import build_sandbox_messages, observation, page_lines, watched_line
-from eval.fidelity import distinct, repeats_ngram, words
 
 PLACES = ["recommender", "social", "nothing"]
 PLACE_TEXT = {

@@ -1,6 +1,6 @@
 """All shipped agents and the model-free baselines on one task folder, scored side by side.
 
-    python -m agents.suite --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon \\
+    python -m eval.suite --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon \\
         --adapter runs/demo/sft/smollm2_lora --out runs/demo/suite/amazon
 
 For each agent config in configs/agents/ (stats, stats-mbr, asc-baseline, retrieval-llm, tuned, tuned-mbr):
@@ -17,6 +17,10 @@ and the claims as tables, into the tuned adapter's W&B project and group.
 
 ``--set KEY=VALUE ...`` passes agents.simulate settings to the LLM agents, e.g. the prompt shape an
 adapter was trained with (its pairs' card.json): ``--set k_user=4 k_item=2 prompt_tokens=512``.
+
+``--agent path/to/my_agent.py:MyAgent`` (repeatable) adds an AgentSociety agent run unchanged
+(agents.review.official) as a row named after its class, with claims against stats, nearest-centroid
+and the user mean on overall.
 
 ``--visibility official`` runs every agent and baseline with the AgentSociety leaderboard's
 visibility (everything but the task pairs) instead of the default time-aware one; every table says
@@ -92,13 +96,19 @@ def agents_table(runs: dict[str, Path]) -> str:
     return "\n".join(rows + ([""] + notes if notes else []))
 
 
-def claims_table(eval_root: Path, names: list[str]) -> str:
+def plugin_name(target: str) -> str:
+    """A plug-in agent's row name: its class name."""
+    return target.rsplit(":", 1)[1]
+
+
+def claims_table(eval_root: Path, names: list[str], plugins: tuple[str, ...] = ()) -> str:
     rows = [
         "| claim | metric | difference | 95% CI (paired BCa bootstrap) | resamples > 0 | n |",
         "|" + "---|" * 6,
     ]
     terms = {name: review.per_task_terms(eval_root / name) for name in names}  # each samples.jsonl once
-    for a, b, metric in CLAIMS:
+    plugged = [(p, b, "overall") for p in plugins for b in ("stats", "nearest-centroid", "user-mean")]
+    for a, b, metric in (*CLAIMS, *plugged):
         if a in names and b in names:
             d = paired_bootstrap(terms[a], terms[b], metric)
             rows.append(
@@ -139,6 +149,7 @@ def run_suite(
     visibility: str = "time-aware",
     overwrite: bool = False,
     wandb: str = "off",
+    plugins: tuple[str, ...] = (),
 ) -> tuple[str, str, str]:
     if {"tuned", "tuned-mbr"} & set(kinds) and adapter is None:
         raise SystemExit("error: the tuned agent needs --adapter (a train.sft output folder)")
@@ -176,12 +187,25 @@ def run_suite(
             tasks, run / "predictions.jsonl", out / "eval" / kind, backend, data, wandb, where
         )
         runs[kind] = run
+    for target in plugins:
+        name = plugin_name(target)
+        if name in scored:
+            raise SystemExit(f"error: the plug-in agent {target} is named like a shipped row ({name})")
+        print(f"\n--- plug-in agent {name} ({target})")
+        run = out / "sim" / name
+        argv = ["--agent", target, "--data", data, "--tasks", tasks, "--out", run]
+        args = [*map(str, argv), "--visibility", visibility, *(["--overwrite", "true"] if overwrite else [])]
+        simulate.main(args + (generation_args() if extra is None else extra))
+        scored[name] = score(
+            tasks, run / "predictions.jsonl", out / "eval" / name, backend, data, wandb, where
+        )
+        runs[name] = run
     print("\n--- comparison (shared evaluator)")
     table = review.compare(list(scored.values()), list(scored), out, paired=False)
     print(table)
     agents = agents_table(runs)
     (out / "agents.md").write_text(agents + "\n")
-    claims = claims_table(out / "eval", list(scored))
+    claims = claims_table(out / "eval", list(scored), tuple(plugin_name(t) for t in plugins))
     (out / "claims.md").write_text(claims + "\n")
     print(f"\n{agents}\n\n{claims}\n-> {out}/compare.md, compare.png, agents.md, claims.md")
     tracking.log_run(
@@ -190,7 +214,13 @@ def run_suite(
         f"suite-{out.name}",
         out,
         {},
-        {"tasks": str(tasks), "data": str(data), "kinds": list(kinds), "visibility": visibility},
+        {
+            "tasks": str(tasks),
+            "data": str(data),
+            "kinds": list(kinds),
+            "plugins": list(plugins),
+            "visibility": visibility,
+        },
         {"compare": out / "compare.png"},
         {"compare": table_rows(table), "claims": table_rows(claims)},
     )
@@ -216,6 +246,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--adapter", type=Path, help="LoRA adapter for the tuned agent (train.sft output)")
     parser.add_argument("--kinds", nargs="+", default=list(DEFAULT_KINDS), choices=KINDS)
+    parser.add_argument(
+        "--agent",
+        action="append",
+        default=[],
+        metavar="FILE.py:CLASS",
+        help="an AgentSociety agent to score beside the shipped ones (repeatable)",
+    )
     parser.add_argument("--backend", choices=["offline", "official"], default="offline", help="evaluator")
     parser.add_argument(
         "--visibility",
@@ -250,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         args.visibility,
         args.overwrite,
         args.wandb,
+        tuple(args.agent),
     )
 
 
