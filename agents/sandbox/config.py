@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, field
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
@@ -111,7 +112,12 @@ class TextConfig:
 
 @dataclass(config=STRICT)
 class RecommenderConfig:
-    kind: str = Field("mf", pattern="^(random|popularity|mf)$")
+    # random | popularity | mf, or a researcher's own: package.module:Class or path/to/file.py:Class
+    # (the protocol: agents/sandbox/recommender.py); options go to it as config.options
+    kind: str = "mf"
+    options: dict[str, Any] = field(default_factory=dict)
+    # what serves a page when the recommender fails or returns a page it may not show (counted)
+    fallback: str = Field("popularity", pattern="^(random|popularity)$")
     page_size: int = Field(5, ge=1)
     rec_random_k: int = Field(0, ge=0)  # random items injected into each page
     retrain_every: int = Field(1, ge=1)  # rounds between retrainings on the simulated clicks (mf)
@@ -121,6 +127,15 @@ class RecommenderConfig:
     factors: int = Field(32, ge=1)
     iterations: int = Field(15, ge=1)
     regularization: float = Field(0.01, ge=0)
+
+    @field_validator("kind")
+    @classmethod
+    def known_or_import_path(cls, value: str) -> str:
+        from agents.plugins import is_target
+
+        if value not in ("random", "popularity", "mf") and not is_target(value):
+            raise ValueError(f"{value!r} is not random, popularity, mf or package.module:Class")
+        return value
 
 
 @dataclass(config=STRICT)

@@ -1,20 +1,34 @@
-"""The sandbox's recommender: one interface, three plug-ins, and the feed that pages through it.
+"""The sandbox's recommender: one small protocol, three built-ins, any other by import path, and the
+feed that pages through it.
 
-    rank(user, exclude, n) -> item ids, best first      fit(clicks) -> retrain on (user, item) pairs
+The protocol (a class; nothing to inherit)::
 
-- ``random``: uniform over the items not excluded (the run's generator);
-- ``popularity``: most clicked first (ties by item id);
-- ``mf``: implicit-feedback matrix factorisation (ALS from the ``implicit`` library), trained on the
-  users' real history and then retrained on it plus the simulated clicks every ``retrain_every``
-  rounds (YuLan-Rec's MF was never trained). A user with no clicks gets the popularity ranking.
+    class MyRecommender:
+        def __init__(self, items: list[int], rng: numpy.random.Generator, config): ...
+            # items: the catalogue's movie ids; rng: the run's generator; config: the recommender
+            # section (RecommenderConfig), with your own settings in config.options
+        def fit(self, clicks: list[tuple[int, int]], seed: int | None = None) -> None: ...
+            # (user, movie) pairs so far: the real history before the start, then the simulated
+            # watches; called at the start and every ``retrain_every`` rounds. ``seed``: repeat an earlier
+            # fit exactly (a resumed run); set ``self.seed`` to the seed you used, if any
+        def rank(self, user: int, exclude: set[int], n: int) -> list[int]: ...
+            # the n best movie ids for this user, best first, none of ``exclude`` (what the user watched
+            # or was shown this visit); an agent without a MovieLens user has a negative id
+
+    recommender: {kind: my_package.recs:MyRecommender, options: {...}}   # in the sandbox config
+
+Built-ins: ``random`` (uniform over the items not excluded), ``popularity`` (most clicked first, ties
+by item id), ``mf`` (implicit-feedback ALS from the ``implicit`` library, trained on the users' real
+history and retrained on it plus the simulated clicks every ``retrain_every`` rounds; a user with no
+clicks gets the popularity ranking). ``agents.sandbox.recsys:CornacRecommender`` adapts any model of
+the Cornac library (RecBole, which RecAgent used, does not run with NumPy 2: README).
 
 ``Feed`` serves pages of ``page_size``: ``rec_random_k`` of each page are random items the user has not
-seen, the rest the recommender's ranking (injection that actually happens; tested).
-
-Another recommender plugs in with the same two methods. RecBole, for example: train a model on the
-same interactions (RecBole's atomic files: user_id, item_id), and in ``rank`` score all items with
-``model.full_sort_predict`` for the user, mask ``exclude``, take the top n; ``fit`` re-runs its trainer
-on the clicks. Register it in ``RECOMMENDERS``.
+seen, the rest the recommender's ranking (injection that actually happens; tested). It holds the
+recommender to the protocol: a ``fit`` or ``rank`` that raises, or a page with an unknown, excluded or
+repeated item or fewer items than could be shown, is counted (``recommender_refused:KIND:REASON``) and
+that page comes from the ``fallback`` recommender instead (after a failed fit, every page until the
+next fit succeeds); the round goes on.
 """
 
 from __future__ import annotations
@@ -119,25 +133,79 @@ class MFRecommender:
 RECOMMENDERS = {"random": RandomRecommender, "popularity": PopularityRecommender, "mf": MFRecommender}
 
 
+def recommender_class(kind: str) -> type:
+    """A built-in by name, or the class a ``package.module:Class`` / ``file.py:Class`` names."""
+    if kind in RECOMMENDERS:
+        return RECOMMENDERS[kind]
+    from agents.plugins import load_class
+
+    return load_class(kind)
+
+
 class Feed:
     """Pages for each user: page_size - rec_random_k ranked items plus rec_random_k random unseen ones,
-    never an item the user has watched or was shown on an earlier page of the same visit."""
+    never an item the user has watched or was shown on an earlier page of the same visit. ``counts``:
+    where the refusals of the recommender's failures and bad pages are counted (the world's counts)."""
 
-    def __init__(self, config, items: list[int], rng: np.random.Generator):
+    def __init__(self, config, items: list[int], rng: np.random.Generator, counts: Counter | None = None):
         self.config, self.items, self.rng = config, sorted(items), rng
-        self.recommender = RECOMMENDERS[config.kind](items, rng, config)
+        self.catalogue = set(self.items)
+        self.recommender = recommender_class(config.kind)(items, rng, config)
+        self.fallback = RECOMMENDERS[config.fallback](items, rng, config)
+        self.counts = Counter() if counts is None else counts
+        self.fit_failed = False
         self.clicks: list[tuple[int, int]] = []  # history + simulated watches, in order
+
+    def refuse(self, reason: str) -> None:
+        self.counts[f"recommender_refused:{self.config.kind}:{reason}"] += 1
 
     def train(self, clicks: list[tuple[int, int]], seed: int | None = None) -> None:
         """Fit on these clicks; ``seed`` repeats an earlier fit exactly (a resumed run), otherwise the
-        recommender draws one from the run's generator."""
+        recommender draws one from the run's generator. A fit that raises is counted; the fallback
+        serves the pages until a later fit succeeds."""
         self.clicks = list(clicks)
-        self.recommender.fit(self.clicks, seed)
+        self.fallback.fit(self.clicks)
+        try:
+            self.recommender.fit(self.clicks, seed)
+            self.fit_failed = False
+        except Exception:  # the plug-in's own error: counted, the run goes on
+            self.refuse("fit_raised")
+            self.fit_failed = True
+
+    def ranked(self, user: int, exclude: set[int], n: int) -> list[int]:
+        """The recommender's n items for this user, or the fallback's where it fails the protocol."""
+        if self.fit_failed:
+            self.refuse("unfitted")
+            return self.fallback.rank(user, exclude, n)
+        try:
+            items = self.recommender.rank(user, exclude, n)
+            items = [int(i) for i in items]
+        except Exception:
+            self.refuse("rank_raised")
+            return self.fallback.rank(user, exclude, n)
+        available = len(self.catalogue - exclude)
+        reason = (
+            "unknown_item"
+            if any(i not in self.catalogue for i in items)
+            else "excluded_item"
+            if any(i in exclude for i in items)
+            else "repeated_item"
+            if len(set(items)) < len(items)
+            else "too_few_items"
+            if len(items) < min(n, available)
+            else "too_many_items"
+            if len(items) > n
+            else None
+        )
+        if reason:
+            self.refuse(reason)
+            return self.fallback.rank(user, exclude, n)
+        return items
 
     def page(self, user: int, exclude: set[int]) -> tuple[list[int], list[int]]:
         """(items, injected): the page in display order and which of them were injected at random."""
         k = min(self.config.rec_random_k, self.config.page_size)
-        ranked = self.recommender.rank(user, exclude, self.config.page_size - k)
+        ranked = self.ranked(user, exclude, self.config.page_size - k)
         taken = exclude | set(ranked)
         pool = [i for i in self.items if i not in taken]
         injected = (

@@ -32,6 +32,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.llm import EXECUTION_FIELDS
+from agents.plugins import describe, is_target
 from agents.runs import Lock, write_json
 from agents.sandbox.config import FEATURES, as_dict, load_config
 from agents.sandbox.profiles import (
@@ -162,6 +163,9 @@ def run_inputs(config) -> dict:
         inputs["profiles"] = fingerprint.digest_files([Path(config.profiles)])
     if config.graph.edges:
         inputs["edges"] = fingerprint.digest_files([Path(config.graph.edges)])
+    if is_target(config.recommender.kind):  # a plug-in: its code, so a changed file refuses a resume
+        record = describe(config.recommender.kind)
+        inputs["recommender_plugin"] = {"target": record["target"], "sha256": record["sha256"]}
     return inputs
 
 
@@ -304,7 +308,10 @@ def finish(out: Path, world: World, config) -> dict:
         "messages_by": config.text.messages,
         "chat_mode": config.chat,
         "config": as_dict(config),
-        "provenance": provenance(["torch", "transformers", "implicit", "numpy"]),
+        "recommender_plugin": describe(config.recommender.kind)
+        if is_target(config.recommender.kind)
+        else None,
+        "provenance": provenance(["torch", "transformers", "implicit", "cornac", "numpy"]),
     }
     write_json(out / "summary.json", summary)
     print(json.dumps({k: summary[k] for k in ("rounds", "agents", "totals", "counts")}, indent=1))

@@ -194,7 +194,7 @@ class World:
                 -config.stars.llm_validation :
             ]
             self.rater.validate(rows, data, embed, self.model, rng)
-        self.feed = Feed(config.recommender, self.catalogue, rng)
+        self.feed = Feed(config.recommender, self.catalogue, rng, self.counts)
         self.fitted_on: list[tuple[int, int]] = []  # the simulated clicks of the last retraining
         self.feed.train(self.history)
         self.round = 0

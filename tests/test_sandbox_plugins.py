@@ -1,0 +1,127 @@
+"""A researcher's recommender in the sandbox: named by import path, held to the protocol (its failures
+and bad pages counted and served by the fallback), a maintained library (Cornac) run for real, the
+plug-in's file in the run's fingerprint."""
+
+import argparse
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from sandbox_fakes import Recording, embed
+
+from agents.sandbox.config import RecommenderConfig, load_config
+from agents.sandbox.recommender import Feed
+from agents.sandbox.run import run
+
+PLUGIN = '''
+class Misbehaving:
+    """Ranks by id; config.options["mode"] says how it breaks the protocol."""
+
+    def __init__(self, items, rng, config):
+        self.items, self.mode = sorted(items), config.options.get("mode", "ok")
+
+    def fit(self, clicks, seed=None):
+        if self.mode == "raise_fit":
+            raise RuntimeError("cannot fit")
+
+    def rank(self, user, exclude, n):
+        if self.mode == "raise_rank":
+            raise RuntimeError("cannot rank")
+        page = [i for i in self.items if i not in exclude][:n]
+        return {
+            "ok": page,
+            "unknown": [*page[:-1], -5],
+            "repeat": [*page[:-1], page[0]],
+            "few": page[:-1],
+            "excluded": [*page[:-1], sorted(exclude)[0]],
+        }[self.mode]
+'''
+
+ITEMS = list(range(100, 140))
+
+
+@pytest.fixture
+def plugin(tmp_path):
+    path = tmp_path / "my_recs.py"
+    path.write_text(PLUGIN)
+    return f"{path}:Misbehaving"
+
+
+def feed(kind, **options):
+    config = RecommenderConfig(kind=kind, options=options, page_size=5, fallback="popularity")
+    counts = Counter()
+    made = Feed(config, ITEMS, np.random.default_rng(0), counts)
+    made.train([(1, 139), (2, 139), (3, 138)])
+    return made, counts
+
+
+@pytest.mark.parametrize(
+    "mode, reason",
+    [
+        ("unknown", "unknown_item"),
+        ("repeat", "repeated_item"),
+        ("few", "too_few_items"),
+        ("excluded", "excluded_item"),
+        ("raise_rank", "rank_raised"),
+        ("raise_fit", "unfitted"),
+    ],
+)
+def test_a_recommender_that_breaks_the_protocol_is_counted_and_the_fallback_serves(plugin, mode, reason):
+    made, counts = feed(plugin, mode=mode)
+    items, _ = made.page(7, {100})
+    assert items == [139, 138, 101, 102, 103]  # the popularity fallback's page
+    assert counts[f"recommender_refused:{plugin}:{reason}"] == 1
+    if mode == "raise_fit":
+        assert counts[f"recommender_refused:{plugin}:fit_raised"] == 1
+
+
+def test_a_recommender_that_keeps_the_protocol_serves_its_own_pages(plugin):
+    made, counts = feed(plugin, mode="ok")
+    assert made.page(7, {100})[0] == [101, 102, 103, 104, 105] and not counts
+
+
+def test_an_unknown_kind_is_a_config_error():
+    with pytest.raises(Exception, match="not random, popularity, mf or package.module:Class"):
+        load_config(None, ["recommender.kind=svd"])
+
+
+SETTINGS = ["activity.pareto_xmin=1", "agents=4", "graph.mean_degree=2", "memory.reflect_every=2"]
+CORNAC = [
+    "recommender.kind=agents.sandbox.recsys:CornacRecommender",
+    "recommender.options={model: BPR, params: {k: 8, max_iter: 20}}",
+]
+
+
+def args(raw, out, rounds, *extra):
+    return argparse.Namespace(
+        config=None, out=str(out), rounds=rounds, agents=None, human=None, overwrite=False,
+        set=[f"data={raw / 'movielens_latest_small'}", *SETTINGS, *extra],
+    )  # fmt: skip
+
+
+def browsed(out):
+    rows = [json.loads(line) for line in (out / "interactions.jsonl").read_text().splitlines()]
+    return [r["items"] for r in rows if r["action"] == "browse"]
+
+
+def test_cornac_recommends_in_a_real_run_and_resumes_exactly(raw, tmp_path):
+    straight = run(args(raw, tmp_path / "straight", 3, *CORNAC), Recording(), embed)
+    assert not [k for k in straight["counts"] if k.startswith("recommender_refused")]
+    assert straight["recommender_plugin"]["target"] == "agents.sandbox.recsys:CornacRecommender"
+    assert browsed(tmp_path / "straight")  # agents browsed Cornac's pages
+    popular = run(args(raw, tmp_path / "popular", 3, "recommender.kind=popularity"), Recording(), embed)
+    assert browsed(tmp_path / "straight") != browsed(tmp_path / "popular")  # BPR's pages are its own
+    run(args(raw, tmp_path / "stopped", 2, *CORNAC), Recording(), embed)
+    run(args(raw, tmp_path / "stopped", 3, *CORNAC), Recording(), embed)
+    assert browsed(tmp_path / "stopped") == browsed(tmp_path / "straight")
+    assert popular["recommender_plugin"] is None
+
+
+def test_a_changed_recommender_file_refuses_the_resume(raw, tmp_path, plugin):
+    run(args(raw, tmp_path / "run", 1, f"recommender.kind={plugin}"), Recording(), embed)
+    path = plugin.rsplit(":", 1)[0]
+    with open(path, "a") as handle:
+        handle.write("\n# retrained differently\n")
+    with pytest.raises(SystemExit, match="changed: recommender_plugin"):
+        run(args(raw, tmp_path / "run", 2, f"recommender.kind={plugin}"), Recording(), embed)
