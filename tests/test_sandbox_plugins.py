@@ -125,3 +125,82 @@ def test_a_changed_recommender_file_refuses_the_resume(raw, tmp_path, plugin):
         handle.write("\n# retrained differently\n")
     with pytest.raises(SystemExit, match="changed: recommender_plugin"):
         run(args(raw, tmp_path / "run", 2, f"recommender.kind={plugin}"), Recording(), embed)
+
+
+# -- branches and export ----------------------------------------------------------------------------------
+
+
+def lines(path):
+    return path.read_text().splitlines()
+
+
+def test_two_forks_with_no_change_are_identical_round_by_round_and_a_change_shows_in_compare(raw, tmp_path):
+    from agents.sandbox.branches import compare, fork
+
+    run(args(raw, tmp_path / "trunk", 2, "recommender.kind=popularity"), Recording(), embed)
+    for name in ("b", "c"):
+        record = fork(tmp_path / "trunk", 1, tmp_path / name)
+        assert record["round"] == 1 and record["changed"] == []
+    assert lines(tmp_path / "b" / "stats.jsonl") == lines(tmp_path / "trunk" / "stats.jsonl")[:1]
+    for name in ("b", "c"):
+        branch = argparse.Namespace(
+            config=str(tmp_path / name / "config.json"), out=str(tmp_path / name), rounds=4, agents=None,
+            human=None, overwrite=False, set=[],
+        )  # fmt: skip
+        run(branch, Recording(), embed)
+    for name in ("interactions.jsonl", "stats.jsonl"):
+        assert lines(tmp_path / "b" / name) == lines(tmp_path / "c" / name)
+    # the trunk continued from its own checkpoint goes the same way: the fork carried every seed
+    run(args(raw, tmp_path / "trunk", 4, "recommender.kind=popularity"), Recording(), embed)
+    assert lines(tmp_path / "trunk" / "stats.jsonl") == lines(tmp_path / "b" / "stats.jsonl")
+    same = compare(tmp_path / "b", tmp_path / "c")
+    assert same["rounds"] == [2, 3, 4] and all(v["difference"] == 0 for v in same["statistics"].values())
+
+    record = fork(tmp_path / "trunk", 1, tmp_path / "random", ["recommender.kind=random"])
+    assert record["changed"] == ["config.recommender.kind"]
+    branch = argparse.Namespace(
+        config=str(tmp_path / "random" / "config.json"), out=str(tmp_path / "random"), rounds=4, agents=None,
+        human=None, overwrite=False, set=[],
+    )  # fmt: skip
+    run(branch, Recording(), embed)
+    assert lines(tmp_path / "random" / "stats.jsonl")[:1] == lines(tmp_path / "b" / "stats.jsonl")[:1]
+    differ = compare(tmp_path / "b", tmp_path / "random", tmp_path / "cmp")
+    assert differ["after_round"] == 1 and (tmp_path / "cmp" / "compare.md").exists()
+    assert differ["statistics"]["exposure_genre_entropy"]["difference"] != 0
+    assert all("p_holm" in v for v in differ["statistics"].values() if v["p"] is not None)
+    with pytest.raises(SystemExit, match="not empty"):
+        fork(tmp_path / "trunk", 1, tmp_path / "b")
+    with pytest.raises(SystemExit, match="no checkpoint of round 9"):
+        fork(tmp_path / "trunk", 9, tmp_path / "late")
+
+
+def test_an_export_trains_cornac_and_reads_back_as_recbole_atomic_files(raw, tmp_path):
+    import csv
+
+    from cornac.data import Dataset
+    from cornac.models import BPR
+
+    from agents.sandbox.export import export
+
+    run(args(raw, tmp_path / "run", 3, *CORNAC), Recording(), embed)
+    table = export(tmp_path / "run", "csv")
+    rows = list(csv.DictReader(open(table)))
+    watches = [r for r in rows if r["action"] == "watch"]
+    events = [json.loads(line) for line in lines(tmp_path / "run" / "interactions.jsonl")]
+    assert len(watches) == sum(e["action"] == "watch" for e in events) > 0
+    assert all(r["rating"] for r in watches) and not any(r["rating"] for r in rows if r["action"] != "watch")
+    start = json.loads((tmp_path / "run" / "checkpoint.json").read_text())["start"]
+    assert {int(r["timestamp"]) - start for r in rows} <= {86400 * k for k in (1, 2, 3)}
+    data = Dataset.from_uir([(r["user_id"], r["item_id"], 1.0) for r in rows], seed=0)
+    model = BPR(k=4, max_iter=5, seed=0, verbose=False)
+    model.fit(data)  # the library trains on simulated behaviour
+    assert model.score(0).shape == (data.num_items,)
+
+    inter = export(tmp_path / "run", "recbole", tmp_path / "atomic" / "sim")
+    header, *body = lines(inter)
+    assert header.split("\t") == [
+        "user_id:token", "item_id:token", "rating:float", "timestamp:float", "round:float", "action:token",
+    ]  # fmt: skip
+    assert len(body) == len(rows) and all(len(line.split("\t")) == 6 for line in body)
+    items = {line.split("\t")[0] for line in lines(tmp_path / "atomic" / "sim" / "sim.item")[1:]}
+    assert items == {r["item_id"] for r in rows}

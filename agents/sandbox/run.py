@@ -9,7 +9,8 @@
 
 RUN_DIR gets, as the run goes: interactions.jsonl (round, agent, action, item, text, ...), stats.jsonl
 (per round: active agents, watches, chats, posts, exposure genre entropy), checkpoint.json (the whole
-state, JSON, written after every round), interventions.jsonl (every edit, broadcast and interview), config.json (the resolved config),
+state, JSON, written after every round; each round's also kept as checkpoints/round_K.json.gz, what
+``fork`` branches from), interventions.jsonl (every edit, broadcast and interview), config.json (the resolved config),
 rejects.jsonl (data lines not used, with file, line and reason); at the end stats.png and summary.json
 (counts, the config, provenance). Stop it at any time (Ctrl-C): the rerun of the same command resumes
 after the last complete round; a rerun with another config or data stops naming what changed, unless
@@ -17,12 +18,22 @@ after the last complete round; a rerun with another config or data stops naming 
 
 Interventions change the checkpoint between rounds (pause the run, intervene, rerun to resume); they are
 refused while a run holds the folder (RUN_DIR/.lock).
+
+    python -m agents.sandbox fork RUN_DIR --round 3 --out RUN_B --set recommender.kind=popularity
+    python -m agents.sandbox run --config RUN_B/config.json --out RUN_B --rounds 10   # the branch goes on
+    python -m agents.sandbox compare RUN_A RUN_B                 # paired per-round statistics after the fork
+    python -m agents.sandbox export RUN_DIR --format recbole     # or csv: the interactions for a recsys library
+
+(agents/sandbox/branches.py: fork and compare; agents/sandbox/export.py: export.)
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import os
+import shutil
 import sys
 from collections import Counter
 from contextlib import nullcontext
@@ -49,6 +60,21 @@ from agents.sandbox.world import World
 from data_prep import fingerprint, movielens
 from data_prep.movielens import day, parse_moment
 from data_prep.provenance import provenance
+
+CHECKPOINTS = "checkpoints"
+
+
+def round_checkpoint(out: Path, round_: int) -> Path:
+    return out / CHECKPOINTS / f"round_{round_:04d}.json.gz"
+
+
+def keep_checkpoint(out: Path, state: dict) -> None:
+    """The state after this round, kept (gzip JSON, atomically) for ``fork``."""
+    path = round_checkpoint(out, state["round"])
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(gzip.compress(json.dumps(state).encode(), mtime=0))
+    os.replace(tmp, path)
 
 
 def keep_rounds(path: Path, last: int) -> None:
@@ -213,6 +239,7 @@ def open_world(config, out: Path, overwrite: bool, backend=None, embed=None, hum
     if not fingerprint.verdict(out, inputs, overwrite=overwrite, has_work=checkpoint.exists()):
         for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
         print(f"--overwrite: discarded the earlier run in {out}")
     fingerprint.record(out, inputs)
     write_json(out / "config.json", as_dict(config))  # what interviews rebuild the world from
@@ -222,6 +249,11 @@ def open_world(config, out: Path, overwrite: bool, backend=None, embed=None, hum
         print(f"resuming after round {world.round}")
     for name in ("interactions.jsonl", "stats.jsonl"):
         keep_rounds(out / name, world.round)
+    for path in (out / CHECKPOINTS).glob("round_*.json.gz"):  # written after a checkpoint a kill lost
+        if int(path.name[6:10]) > world.round:
+            path.unlink()
+    if not round_checkpoint(out, world.round).exists():  # round 0: the start, before any round
+        keep_checkpoint(out, world.state())
     return world
 
 
@@ -256,7 +288,9 @@ def play_round(out: Path, world: World) -> tuple[list[dict], dict]:
         handle.writelines(json.dumps(e) + "\n" for e in events)
     with open(out / "stats.jsonl", "a") as handle:
         handle.write(json.dumps(stats) + "\n")
-    write_json(out / "checkpoint.json", world.state())
+    state = world.state()
+    write_json(out / "checkpoint.json", state)
+    keep_checkpoint(out, state)
     return events, stats
 
 
@@ -460,9 +494,34 @@ def main(argv: list[str] | None = None) -> None:
     ask.add_argument("run")
     ask.add_argument("--agent", required=True)
     ask.add_argument("--question", required=True)
+    branch = sub.add_parser("fork", help="a new run continuing from a run's state after round K")
+    branch.add_argument("run")
+    branch.add_argument("--round", type=int, required=True)
+    branch.add_argument("--out", required=True)
+    branch.add_argument("--set", nargs="*", action="extend", default=[], help="the branch's config changes")
+    pair = sub.add_parser("compare", help="two runs' per-round statistics after their shared past, paired")
+    pair.add_argument("runs", nargs=2)
+    pair.add_argument("--out", help="write compare.json and compare.md here")
+    pair.add_argument("--after", type=int, help="compare the rounds after this one (default: the fork round)")
+    leave = sub.add_parser("export", help="the run's interactions as RecBole atomic files or CSV")
+    leave.add_argument("run")
+    leave.add_argument("--format", choices=["recbole", "csv"], required=True)
+    leave.add_argument("--out", help="folder (default RUN/export/FORMAT)")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args)
+    elif args.command == "fork":
+        from agents.sandbox.branches import fork
+
+        fork(Path(args.run), args.round, Path(args.out), args.set)
+    elif args.command == "compare":
+        from agents.sandbox.branches import compare
+
+        compare(*map(Path, args.runs), Path(args.out) if args.out else None, args.after)
+    elif args.command == "export":
+        from agents.sandbox.export import export
+
+        export(Path(args.run), args.format, Path(args.out) if args.out else None)
     else:
         intervene(args)
 

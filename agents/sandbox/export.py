@@ -1,0 +1,101 @@
+"""A sandbox run's interactions in the forms recsys libraries read.
+
+    python -m agents.sandbox export RUN_DIR --format recbole      # RUN_DIR/export/recbole/<name>.inter, .item
+    python -m agents.sandbox export RUN_DIR --format csv --out DIR  # DIR/interactions.csv
+
+One row per interaction with an item: a watch (with the agent's stars) and every item a page or a
+search showed (``browse``, ``next``, ``search``; no rating). Columns: the user (the agent's MovieLens
+user id, or a negative id of its own for an agent without one: the recommender's ids), the item
+(MovieLens movie id), the rating (watches only), the timestamp (the simulated moment: the run's start
+plus ``round x round_days`` days, Unix seconds), the round, the action and the agent's name.
+
+- ``recbole``: RecBole's atomic files, ``<name>.inter`` (``user_id:token item_id:token rating:float
+  timestamp:float round:float action:token``, tab-separated; an impression's rating is empty) and
+  ``<name>.item`` (``item_id:token title:token_seq genres:token_seq``) in a folder ``<name>`` that
+  RecBole's ``data_path`` points at (``dataset: <name>``);
+- ``csv``: one ``interactions.csv`` with a header (``user_id,item_id,rating,timestamp,round,action,
+  agent``), for pandas, Cornac's ``Reader`` or LensKit.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from agents.runs import read_jsonl
+from data_prep import movielens
+
+SHOWN = ("browse", "next", "search")
+DAY = 86400
+
+
+def interactions(run: Path) -> list[dict]:
+    """The run's interactions with items, oldest round first."""
+    config = json.loads((run / "config.json").read_text())
+    state = json.loads((run / "checkpoint.json").read_text())
+    users = {
+        a["profile"]["name"]: a["profile"]["user"]
+        if a["profile"]["user"] is not None
+        else -1 - a["profile"]["id"]
+        for a in state["agents"]
+    }
+    start, days = state["start"], config["round_days"]
+    rows = []
+    for event in read_jsonl(run / "interactions.jsonl"):
+        if event["agent"] not in users:
+            raise SystemExit(
+                f"error: {run}/interactions.jsonl names agent {event['agent']!r}, not in the checkpoint"
+            )
+        base = {
+            "user_id": users[event["agent"]],
+            "timestamp": int(start + event["round"] * days * DAY),
+            "round": event["round"],
+            "action": event["action"],
+            "agent": event["agent"],
+        }
+        if event["action"] == "watch":
+            rows.append({**base, "item_id": event["item"], "rating": event.get("stars")})
+        elif event["action"] in SHOWN:
+            rows += [{**base, "item_id": item, "rating": None} for item in event.get("items") or []]
+    return rows
+
+
+COLUMNS = ("user_id", "item_id", "rating", "timestamp", "round", "action", "agent")
+
+
+def export(run: Path, fmt: str, out: Path | None = None) -> Path:
+    rows = interactions(run)
+    out = out or run / "export" / fmt
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "csv":
+        path = out / "interactions.csv"
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, COLUMNS)
+            writer.writeheader()
+            writer.writerows({**r, "rating": "" if r["rating"] is None else r["rating"]} for r in rows)
+    elif fmt == "recbole":
+        name = out.name
+        path = out / f"{name}.inter"
+        with open(path, "w") as handle:
+            handle.write(
+                "user_id:token\titem_id:token\trating:float\ttimestamp:float\tround:float\taction:token\n"
+            )
+            for r in rows:
+                rating = "" if r["rating"] is None else r["rating"]
+                handle.write(
+                    f"{r['user_id']}\t{r['item_id']}\t{rating}\t{r['timestamp']}\t{r['round']}\t{r['action']}\n"
+                )
+        config = json.loads((run / "config.json").read_text())
+        movies = movielens.load(config["data"]).movies
+        with open(out / f"{name}.item", "w") as handle:
+            handle.write("item_id:token\ttitle:token_seq\tgenres:token_seq\n")
+            for item in sorted({r["item_id"] for r in rows}):
+                movie = movies[item]
+                title = " ".join(movie.title.replace("\t", " ").split())
+                handle.write(f"{item}\t{title}\t{' '.join(g.replace(' ', '_') for g in movie.genres)}\n")
+    else:
+        raise SystemExit(f"error: --format is recbole or csv, not {fmt!r}")
+    watches = sum(r["action"] == "watch" for r in rows)
+    print(f"{len(rows)} interactions ({watches} watches, {len(rows) - watches} shown) -> {path}")
+    return path
