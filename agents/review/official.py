@@ -56,8 +56,9 @@ def official_package() -> dict:
         import websocietysimulator  # noqa: F401
     except ImportError as error:
         raise SystemExit(
-            "error: --agent runs AgentSociety agents, which import websocietysimulator: "
-            "`pip install --no-deps websocietysimulator==1.0.0a30` (make setup does it)"
+            f"error: --agent runs AgentSociety agents, which import websocietysimulator ({error}): "
+            "`pip install --no-deps websocietysimulator==1.0.0a30` and its core's imports, langchain-openai, "
+            "tenacity and lmdb (make setup does both)"
         ) from error
     return {"package": "websocietysimulator", "version": version("websocietysimulator")}
 
