@@ -1,6 +1,7 @@
 """The cluster paths without a cluster: batch arithmetic, slurm/train.sbatch (dry run, and the real
 script with fake srun/scontrol on PATH), and the launcher configs."""
 
+import json
 import os
 import signal
 import subprocess
@@ -189,3 +190,76 @@ def test_deepspeed_config_launches_nodes_with_the_standard_launcher():
 def test_fsdp_config_asks_for_a_full_state_dict():
     fsdp = yaml.safe_load((REPO_ROOT / "configs" / "accelerate" / "fsdp.yaml").read_text())["fsdp_config"]
     assert fsdp["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+
+
+# -- slurm/sandbox.sbatch: USR1 stops the run at a round boundary, then the job is requeued -----------------
+
+FAKE_VLLM = """#!/usr/bin/env python3
+# stands in for `vllm serve MODEL --host H --port P`: answers every GET with 200 (the script's health probe)
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sandbox_job_stops_at_a_round_boundary_on_usr1_and_requeues(tmp_path, raw, tiny_model):
+    bin_dir, vllm = tmp_path / "bin", tmp_path / "vllm" / "bin"
+    bin_dir.mkdir()
+    vllm.mkdir(parents=True)
+    (bin_dir / "scontrol").write_text('#!/usr/bin/env bash\necho "$*" >> "$FAKE_LOG/scontrol"\n')
+    (vllm / "vllm").write_text(FAKE_VLLM)
+    for path in (bin_dir / "scontrol", vllm / "vllm"):
+        path.chmod(0o755)
+    job = "918273"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env.update(
+        PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_LOG=str(tmp_path), SLURM_JOB_ID=job,
+        VLLM_VENV=str(tmp_path / "vllm"), MODEL=str(tiny_model), PORT=str(free_port()),
+    )  # fmt: skip
+    out = tmp_path / "run"
+    # the job's own settings, then the test's: the tiny model in process instead of the server, 3 agents
+    command = ["bash", "slurm/sandbox.sbatch", "configs/sandbox/movielens.yaml", str(out), "--rounds", "40",
+               "--set", "llm.backend=hf", f"data={raw / 'movielens_latest_small'}", "agents=3",
+               "activity.pareto_xmin=1", "recommender.kind=popularity"]  # fmt: skip
+    log = tmp_path / "job.log"
+    with open(log, "w") as sink:
+        job_process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 240
+            while not ((out / "stats.jsonl").exists() and (out / "stats.jsonl").read_text().count("\n") >= 1):
+                assert job_process.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no round finished"
+                time.sleep(0.5)
+            job_process.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@600 does before the limit
+            job_process.wait(timeout=240)
+        finally:
+            job_process.kill()
+            (REPO_ROOT / "slurm" / "logs" / f"vllm-{job}.log").unlink(missing_ok=True)
+    text = log.read_text()
+    assert job_process.returncode == 0, text[-3000:]
+    assert (tmp_path / "scontrol").read_text().splitlines() == [f"requeue {job}"]
+    assert "SIGUSR1: stopping after this round" in text and "requeueing" in text
+    rounds = [json.loads(line)["round"] for line in (out / "stats.jsonl").read_text().splitlines()]
+    checkpoint = json.loads((out / "checkpoint.json").read_text())
+    assert (
+        rounds == list(range(1, checkpoint["round"] + 1)) and checkpoint["round"] < 40
+    )  # stopped between rounds
+    assert not (out / "summary.json").exists()  # paused, not finished

@@ -34,7 +34,9 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
@@ -267,17 +269,49 @@ def run(args, backend=None, embed=None) -> dict:
         if args.human and args.human not in world.agents:
             names = ", ".join(list(world.agents)[:10])
             raise SystemExit(f"error: --human {args.human!r} is not an agent of this run ({names} ...)")
+        stop = StopRequest()
         try:
-            with tqdm(total=config.rounds, initial=world.round, desc="rounds", unit="round") as bar:
-                while world.round < config.rounds:
+            with stop, tqdm(total=config.rounds, initial=world.round, desc="rounds", unit="round") as bar:
+                while world.round < config.rounds and not stop.signal:
                     _, stats = play_round(out, world)
                     bar.update(1)
                     bar.set_postfix(watches=stats["watches"], chats=stats["chats"], posts=stats["posts"])
         except KeyboardInterrupt:
-            print(f"\npaused after round {world.round}; rerun the same command to resume", file=sys.stderr)
-            raise SystemExit(130) from None
+            paused(world, "Ctrl-C")
+        if stop.signal and world.round < config.rounds:
+            paused(world, stop.signal)
         summary = finish(out, world, config)
     return summary
+
+
+PAUSED = 130  # the exit status of a run stopped before its last round (slurm/sandbox.sbatch requeues it)
+
+
+def paused(world: World, why: str) -> None:
+    print(f"\n{why}: paused after round {world.round}; rerun the same command to resume", file=sys.stderr)
+    raise SystemExit(PAUSED)
+
+
+class StopRequest:
+    """SIGUSR1 or SIGTERM (a batch system's warning before the time limit, or its cancel) asks the run to
+    stop after the round in progress, once its checkpoint is written. Ctrl-C still stops at once (the
+    round in progress is redone on resume). A handler, not SIGINT: a command started in the background
+    of a batch script ignores SIGINT."""
+
+    def __enter__(self):
+        self.signal, self.previous = None, {}
+        if threading.current_thread() is threading.main_thread():  # the web page runs rounds elsewhere
+            for number in (signal.SIGUSR1, signal.SIGTERM):
+                self.previous[number] = signal.signal(number, self.request)
+        return self
+
+    def request(self, number, frame) -> None:
+        self.signal = signal.Signals(number).name
+        print(f"\n{self.signal}: stopping after this round", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
 
 
 def play_round(out: Path, world: World) -> tuple[list[dict], dict]:
