@@ -3,8 +3,10 @@ script with fake srun/scontrol on PATH), and the launcher configs."""
 
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,13 +95,16 @@ def test_bad_batch_arithmetic_stops_before_anything_is_launched():
 FAKE_SCONTROL = """#!/usr/bin/env bash
 echo "$*" >> "$FAKE_LOG/scontrol"
 if [[ "$1 $2" == "show hostnames" ]]; then printf 'node07\\nnode08\\n'; fi
-if [[ "$1" == requeue ]]; then kill "$(cat "$FAKE_LOG/srun.pid")"; fi  # Slurm stops the job's steps
 """
 FAKE_SRUN = """#!/usr/bin/env bash
 printf '%s\\n' "$@" > "$FAKE_LOG/srun.args"
 echo "WANDB_RUN_ID=${WANDB_RUN_ID:-unset}" > "$FAKE_LOG/srun.env"
 echo $$ > "$FAKE_LOG/srun.pid"
-exec sleep 60
+for _ in $(seq 600); do  # as train.sft does: once the stop file appears, save, say so, and end
+    if [[ -f "$USERSIM_STOP_FILE" ]]; then echo checkpoint-7 > "$USERSIM_STOP_FILE.saved"; exit 0; fi
+    sleep 0.1
+done
+exit 1
 """
 
 
@@ -263,3 +268,99 @@ def test_sandbox_job_stops_at_a_round_boundary_on_usr1_and_requeues(tmp_path, ra
         rounds == list(range(1, checkpoint["round"] + 1)) and checkpoint["round"] < 40
     )  # stopped between rounds
     assert not (out / "summary.json").exists()  # paused, not finished
+
+
+# -- the rendezvous: two jobs on one node meet at two endpoints -------------------------------------------
+
+
+def rendezvous(accelerate_argv: list[str]) -> tuple[str, str]:
+    """(backend, host:port) of the rendezvous that `accelerate launch ARGV` gives torchrun: accelerate's
+    own parsing and environment, then torch's, as torch.distributed.run.run does it (a standalone launch
+    becomes c10d at a fresh port; c10d with no endpoint means localhost at c10d's default port)."""
+    import warnings
+
+    import torch.distributed.run as distrib_run
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import _filter_args, prepare_multi_gpu_env
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(accelerate_argv))
+        prepare_multi_gpu_env(args)
+    script = ["--training_script", args.training_script, "--training_script_args", args.training_script_args]
+    args = _filter_args(args, distrib_run.get_args_parser(), script)
+    if args.standalone:
+        return "c10d", "standalone (a fresh port)"
+    config, _, _ = distrib_run.config_from_args(args)
+    if config.rdzv_backend == "c10d" and not config.rdzv_endpoint:
+        return "c10d", f"localhost:{DEFAULT_PORT}"
+    return config.rdzv_backend, config.rdzv_endpoint
+
+
+def node_command(job: str, nodes: str) -> list[str]:
+    """The accelerate launch arguments slurm/train.sbatch gives node 0 of this job."""
+    import shlex
+
+    result = sbatch("--dry-run", "--nodes", nodes, "--gpus-per-node", "8", "configs/sft/qwen2.5-7b_lora.yaml",
+                    env={"SLURM_JOB_ID": job})  # fmt: skip
+    line = next(line for line in result.stdout.splitlines() if "accelerate launch" in line)
+    words = shlex.split(re.sub(r"<node rank 0\.\.\d+>", "0", line))
+    return words[words.index("launch") + 1 : words.index("--config")]
+
+
+@pytest.mark.parametrize("nodes", ["1", "2"])
+def test_two_jobs_on_one_node_meet_at_two_rendezvous_endpoints(nodes):
+    first, second = (rendezvous(node_command(job, nodes)) for job in ("41001", "41002"))
+    assert first[0] == ("static" if nodes == "1" else "c10d")
+    assert first[1] != second[1], (first, second)
+
+
+def test_two_plain_launches_with_a_shipped_config_meet_at_two_endpoints():
+    for config in ("multi_gpu_ddp", "fsdp"):
+        argv = ["--config_file", f"configs/accelerate/{config}.yaml", "-m", "train.sft"]
+        assert rendezvous(argv)[1] != rendezvous(argv)[1], config
+
+
+# -- the driver and the torch build ------------------------------------------------------------------------
+
+
+def test_the_driver_check_names_the_mismatch_and_the_cuda12_build():
+    from train.cuda_env import verdict
+
+    fits, message = verdict("535.104.05", "13.0", "2.13.0")
+    assert not fits
+    assert "needs NVIDIA driver 580.65.06 or newer; this node has 535.104.05" in message
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" in message
+    assert verdict("580.82.07", "13.0", "2.13.0")[0] and verdict("535.104.05", "12.8", "2.13.0+cu128")[0]
+    assert verdict(None, "13.0", "2.13.0") == (
+        True,
+        "no NVIDIA driver here (nvidia-smi not found): nothing to check",
+    )
+    assert "CPU build" in verdict("580.82.07", None, "2.13.0+cpu")[1]
+
+
+def fake_nvidia_smi(tmp_path: Path, driver: str) -> Path:
+    bin_dir = tmp_path / "smi"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\necho {driver}\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return bin_dir
+
+
+def test_a_train_job_on_a_node_whose_torch_cannot_use_the_driver_stops_before_launching(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env.update(fake_cluster(tmp_path, "52"))
+    env["PATH"] = f"{fake_nvidia_smi(tmp_path, '535.104.05')}:{env['PATH']}"
+    result = subprocess.run(["bash", "slurm/train.sbatch", "configs/sft/qwen2.5-7b_lora.yaml"], cwd=REPO_ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        "NVIDIA driver 535.104.05" in result.stderr
+        and "--index-url https://download.pytorch.org/whl/" in result.stderr
+    )
+    assert not (tmp_path / "srun.args").exists()  # nothing was launched
+    clean = subprocess.run(
+        [sys.executable, "-m", "train.cuda_env"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert clean.returncode == 0 and "nothing to check" in clean.stdout  # no driver here: a CPU node

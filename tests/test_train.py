@@ -1,5 +1,6 @@
 """Fine-tuning on the CPU with a tiny random Llama (built here) and the real SmolLM2 tokenizer."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -436,3 +437,89 @@ def test_validation_examples_are_spread_over_the_file_not_its_first_users():
 
     assert spread(100, 7) == [0, 16, 33, 50, 66, 82, 99]  # round(k * 99 / 6)
     assert spread(3, 8) == [0, 1, 2] and spread(1, 4) == [0] and spread(48, 1) == [0]
+
+
+def test_several_visible_gpus_in_one_process_are_refused_before_the_model_loads(
+    tmp_path, tiny_model, amazon_pairs, monkeypatch
+):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(sft, "load_model", never)
+    config = recipe(tmp_path, tiny_model, amazon_pairs, use_cpu=False)
+    with pytest.raises(SystemExit) as refused:
+        sft.main(["--config", str(config)])
+    message = str(refused.value)
+    assert "one process sees 4 GPUs" in message
+    assert (
+        "accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml --num_processes 4" in message
+    )
+    assert "CUDA_VISIBLE_DEVICES=0 python -m train.sft" in message
+    monkeypatch.setenv("LOCAL_RANK", "0")  # one process of a distributed launch: not refused
+    sft.check_one_process_sees_one_gpu(argparse.Namespace(use_cpu=False))
+
+
+FAKE_SRUN_RUNS_THE_NODE_COMMAND = """#!/usr/bin/env bash
+echo $$ > "$FAKE_LOG/srun.pid"
+SLURM_NODEID=0 exec bash -c "${@: -1}"
+"""
+
+
+def test_usr1_makes_training_save_at_a_step_boundary_then_the_job_is_requeued(
+    tmp_path, tiny_model, amazon_pairs
+):
+    """slurm/train.sbatch for real under bash, with stand-in srun (it runs the node command: accelerate
+    launch of train.sft, on the CPU) and scontrol; USR1 as Slurm sends it before the time limit."""
+    import signal
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN_RUNS_THE_NODE_COMMAND)
+    (bin_dir / "scontrol").write_text('#!/usr/bin/env bash\necho "$*" >> "$FAKE_LOG/scontrol"\n'
+                                      'if [[ "$1" == show ]]; then echo node01; fi\n')  # fmt: skip
+    for name in ("srun", "scontrol"):
+        (bin_dir / name).chmod(0o755)
+    config = recipe(tmp_path, tiny_model, amazon_pairs, max_steps=100000, global_batch_size=2,
+                    per_device_train_batch_size=2, logging_steps=1)  # fmt: skip
+    job = "63001"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "LOCAL_RANK", "USERSIM"))}
+    env.update(
+        PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_LOG=str(tmp_path), SLURM_JOB_ID=job,
+        SLURM_JOB_NUM_NODES="1", SLURM_JOB_NODELIST="node01", SLURM_GPUS_ON_NODE="1", SLURM_CPUS_PER_TASK="2",
+        ACCELERATE_CONFIG="configs/accelerate/single_gpu.yaml", VENV=str(Path(sys.executable).parents[1]),
+    )  # fmt: skip
+    log = tmp_path / "job.log"
+    stop = REPO_ROOT / "slurm" / "logs" / f"stop-{job}"
+    try:
+        with open(log, "w") as sink:
+            job_process = subprocess.Popen(["bash", "slurm/train.sbatch", str(config)], cwd=REPO_ROOT, env=env,
+                                           stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
+            try:
+                deadline = time.monotonic() + 300
+                while log.read_text().count("'loss'") < 3:  # training is under way
+                    assert job_process.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, "training never started"
+                    time.sleep(0.5)
+                job_process.send_signal(signal.SIGUSR1)
+                job_process.wait(timeout=300)
+            finally:
+                job_process.kill()
+        text = log.read_text()
+        assert job_process.returncode == 0, text[-3000:]
+        assert (tmp_path / "scontrol").read_text().splitlines() == ["show hostnames node01", f"requeue {job}"]
+        out = tmp_path / "out"
+        checkpoints = sorted(out.glob("checkpoint-*"))
+        assert len(checkpoints) == 1, checkpoints  # save_strategy no: this one came from the stop request
+        step = json.loads((checkpoints[0] / "trainer_state.json").read_text())["global_step"]
+        assert checkpoints[0].name == f"checkpoint-{step}" and 3 <= step < 100000  # at a step boundary
+        assert (checkpoints[0] / "adapter_model.safetensors").exists()
+        assert stop.with_name(stop.name + ".saved").read_text().strip() == checkpoints[0].name
+        assert not (out / "adapter_model.safetensors").exists()  # paused: no final adapter or card
+        assert f"stopped on request after step {step}" in text and "requeueing" in text
+    finally:
+        for path in (stop, stop.with_name(stop.name + ".saved")):
+            path.unlink(missing_ok=True)

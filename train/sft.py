@@ -359,6 +359,48 @@ def check_saved_adapter(folder: str | Path, model) -> int:
     return len(expected)
 
 
+STOP_FILE = "USERSIM_STOP_FILE"  # slurm/train.sbatch names the file it creates on USR1
+
+
+def stop_callback(path: str):
+    """A requeue that loses no training: when ``path`` appears (slurm/train.sbatch creates it when Slurm
+    warns, ten minutes before the time limit), every rank stops after the step in progress and the
+    trainer saves a checkpoint there. Rank 0 looks for the file and tells the others (one small
+    broadcast a step), so all stop at the same step. ``requested`` says whether it happened."""
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+    from transformers import TrainerCallback
+
+    class SaveAndStop(TrainerCallback):
+        requested = False
+
+        def on_step_end(self, args, state, control, **kwargs):
+            seen = [Path(path).exists()]
+            if PartialState().num_processes > 1:
+                broadcast_object_list(seen, from_process=0)
+            if seen[0]:
+                self.requested = control.should_save = control.should_training_stop = True
+
+    return SaveAndStop()
+
+
+def check_one_process_sees_one_gpu(training_args) -> None:
+    """A plain ``python -m train.sft`` is one process; with several GPUs visible, TRL refuses
+    DataParallel only after the model has loaded. Refuse before, saying how to use them."""
+    import torch
+
+    if training_args.use_cpu or os.environ.get("LOCAL_RANK") is not None:  # CPU, or launched distributed
+        return
+    visible = torch.cuda.device_count()
+    if visible > 1:
+        raise SystemExit(
+            f"error: one process sees {visible} GPUs, and training does not split over GPUs within one process. "
+            f"Use them all with `accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml "
+            f"--num_processes {visible} -m train.sft --config ...`, or one with "
+            "`CUDA_VISIBLE_DEVICES=0 python -m train.sft --config ...`"
+        )
+
+
 def make_callback(sampler: SampleGenerations):
     from transformers import TrainerCallback
 
@@ -566,6 +608,7 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     (trainer, tokenizer, recipe, training_args, model_args, base, resume)."""
     # -- configuration ---------------------------------------------------------------------------------
     recipe, training_args, model_args = parse(argv)
+    check_one_process_sees_one_gpu(training_args)
     card = pairs_card(recipe)
     set_max_length(training_args, card, recipe, "max_length" in explicit_keys(argv))
     if card.get("tokenizer") not in (model_args.model_name_or_path, None):
@@ -622,6 +665,8 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
         peft_config=get_peft_config(model_args),
         callbacks=[make_callback(sampler), *(callbacks or [])],
     )
+    if os.environ.get(STOP_FILE):
+        trainer.add_callback(stop_callback(os.environ[STOP_FILE]))
     if trainer.is_fsdp_enabled:
         state_dict_type = str(trainer.accelerator.state.fsdp_plugin.state_dict_type)
         if "FULL_STATE_DICT" not in state_dict_type:
@@ -641,6 +686,18 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
     if resume:
         trainer.accelerator.print(f"resuming from {resume}")
     trainer.train(resume_from_checkpoint=resume)
+    stop = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "SaveAndStop"), None)
+    if stop is not None and stop.requested:  # a checkpoint at this step, not the end: no adapter or card
+        step = trainer.state.global_step
+        if trainer.is_world_process_zero():
+            Path(os.environ[STOP_FILE] + ".saved").write_text(f"checkpoint-{step}\n")
+        trainer.accelerator.print(
+            f"stopped on request after step {step}; checkpoint-{step} saved: rerun to resume"
+        )
+        trainer.accelerator.wait_for_everyone()
+        drop_ddp_wrapper(trainer)
+        trainer.end()
+        return trainer
 
     # -- save: adapter, tokenizer + chat template, generation config, card -------------------------------
     trainer.save_model(training_args.output_dir)  # on every rank: gathering a sharded model is collective
