@@ -48,6 +48,39 @@ def make_model(out: Path, hidden: int = 32) -> None:
     tokenizer.backend_tokenizer.save(str(out / "tokenizer.json"), pretty=False)  # 1.6 MB instead of 3.5
 
 
+def slim_wheel(wheel: Path, keep: str) -> dict:
+    """bitsandbytes ships one native library per CUDA and ROCm version (43 MB); the GPU machine needs the
+    one of its CUDA (``keep``, e.g. cuda130) and the CPU one. Rewrites the wheel without the others, and
+    its RECORD without their lines (every kept file keeps its hash). Returns the sizes."""
+    import re
+    import zipfile
+
+    native = re.compile(r"^bitsandbytes/libbitsandbytes_(cuda|rocm)\d+\.so$")
+    kept_library = f"bitsandbytes/libbitsandbytes_{keep}.so"
+    before = wheel.stat().st_size
+    tmp = wheel.with_suffix(".tmp")
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as target:
+        names = source.namelist()
+        if kept_library not in names:
+            raise SystemExit(f"error: {wheel.name} has no {kept_library}")
+        dropped = {n for n in names if native.match(n) and n != kept_library}
+        for name in names:
+            if name in dropped:
+                continue
+            data = source.read(name)
+            if name.endswith(".dist-info/RECORD"):
+                lines = [line for line in data.decode().splitlines() if line.split(",")[0] not in dropped]
+                data = ("\n".join(lines) + "\n").encode()
+            target.writestr(source.getinfo(name), data)
+    tmp.replace(wheel)
+    return {
+        "wheel": wheel.name,
+        "kept": kept_library,
+        "dropped": len(dropped),
+        "bytes": [before, wheel.stat().st_size],
+    }
+
+
 def check_run(name: str, out: Path, rc: int, steps: int, resumed_from: str | None, log: Path) -> dict:
     """One training run: it exited 0, reached its steps, evaluated and checkpointed every 10 steps,
     its losses are finite, its adapter reloads (train.sft checked its shapes), and the figures."""
@@ -94,8 +127,11 @@ def check_run(name: str, out: Path, rc: int, steps: int, resumed_from: str | Non
 
 
 def check_backend(model: Path, adapter: Path, device: str) -> dict:
-    """The adapter reloaded through the hf agent backend, and one batched generation of 4 prompts."""
-    from agents.llm import HFBackend, LLMConfig, Sampling
+    """The adapter reloaded through the hf agent backend, one batched generation of 4 prompts, and one
+    constrained one (llguidance, the agents' answer format): every answer in the format."""
+    import re
+
+    from agents.llm import Constraint, HFBackend, LLMConfig, Sampling
 
     problems = []
     start = time.perf_counter()
@@ -107,13 +143,18 @@ def check_backend(model: Path, adapter: Path, device: str) -> dict:
         outputs = backend.generate(prompts, Sampling(max_new_tokens=16))
         if len(outputs) != 4:
             problems.append(f"{len(outputs)} answers for 4 prompts")
+        formatted = backend.generate(prompts, Sampling(max_new_tokens=48), constraint=Constraint.answer(16))
+        wrong = [a for a in formatted if not re.fullmatch(r"stars: [1-5]\nreview: [^\n]{1,16}", a)]
+        if wrong:
+            problems.append(f"constrained answers out of the format: {wrong[:2]}")
+        outputs += formatted
         if device == "cuda" and backend.model.device.type != "cuda":
             problems.append(f"the model is on {backend.model.device}")
     except Exception as error:  # reported as this check's failure, with the reason
         problems.append(f"{type(error).__name__}: {error}")
         outputs = []
     return {
-        "check": "hf backend: adapter reload + batched generation",
+        "check": "hf backend: adapter reload + batched generation + constrained (llguidance)",
         "pass": not problems,
         "problems": problems,
         "seconds": round(time.perf_counter() - start, 2),
@@ -179,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     backend.add_argument("model", type=Path)
     backend.add_argument("adapter", type=Path)
     backend.add_argument("--device", default="cuda")
+    slim = sub.add_parser("slim")
+    slim.add_argument("wheel", type=Path)
+    slim.add_argument("--keep", required=True, help="the native library to keep, e.g. cuda130")
+    tests = sub.add_parser("pytest")
+    tests.add_argument("rc", type=int)
+    tests.add_argument("log", type=Path)
     done = sub.add_parser("report")
     done.add_argument("results", type=Path)
     done.add_argument("out", type=Path)
@@ -190,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(check_run(args.name, args.out, args.rc, args.steps, args.resumed_from, args.log)))
     elif args.command == "backend":
         print(json.dumps(check_backend(args.model, args.adapter, args.device)))
+    elif args.command == "slim":
+        print(json.dumps(slim_wheel(args.wheel, args.keep)))
+    elif args.command == "pytest":
+        tail = args.log.read_text().strip().splitlines()[-1:] if args.log.exists() else []
+        row = {"check": "pytest -m gpu tests/test_gpu.py", "pass": args.rc == 0, "summary": tail}
+        row["problems"] = [] if args.rc == 0 else [f"exit status {args.rc} (see {args.log})"]
+        print(json.dumps(row))
     else:
         return report(args.results, args.out, args.mode)
     return 0

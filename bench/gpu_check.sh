@@ -2,11 +2,12 @@
 # The GPU paths in one short script, for a small offline GPU machine (one GPU, no internet, its own
 # Python 3.12 with torch, transformers, accelerate and peft but no trl, bitsandbytes or datasets):
 #
-#   bash bench/gpu_check.sh --prepare   # here, with internet to PyPI: .whl/ (the missing wheels) and
-#                                       # .gpu_check/ (a tiny random Llama with SmolLM2's tokenizer, ~1,000
-#                                       # pairs); refuses if the two together pass 64 MiB
+#   bash bench/gpu_check.sh --prepare   # here, with internet to PyPI: .whl/ (the missing wheels, with
+#                                       # bitsandbytes cut to its CUDA 13.0 library) and .gpu_check/ (a tiny
+#                                       # random Llama with SmolLM2's tokenizer, ~1,000 pairs); refuses if
+#                                       # they and the working tree pass 48 MiB
 #   bash bench/gpu_check.sh             # there (carry .whl and .gpu_check): installs the wheels with
-#                                       # --no-index into .gpu_check/site, runs the checks (meant to take well under 8 min)
+#                                       # --no-index into .gpu_check/site, runs the checks (meant to take under 6 min)
 #   bash bench/gpu_check.sh --cpu       # a smoke run here: the same checks on the CPU, skipping the
 #                                       # CUDA-only ones (bf16, FSDP: accelerate enables FSDP only on GPUs)
 #
@@ -15,8 +16,11 @@
 #      evaluation (with sample generations) and a checkpoint every 10 steps;
 #   2. a resume: checkpoint-30 removed, the rerun continues from checkpoint-20 to step 30;
 #   3. bf16 LoRA through `accelerate launch` with configs/accelerate/multi_gpu_ddp.yaml, one process;
-#   4. the same with configs/accelerate/fsdp.yaml (FSDP2, full state dict), one process;
-#   5. the DDP run's adapter reloaded through the hf agent backend, one batched generation.
+#   4. the same with configs/accelerate/fsdp.yaml (FSDP2, full state dict) and activation checkpointing,
+#      as the 7B recipes train, one process;
+#   5. the DDP run's adapter reloaded through the hf agent backend: one batched generation and one
+#      constrained to the agents' answer format (llguidance);
+#   6. tests/test_gpu.py (pytest -m gpu) on the carried tiny model.
 # Everything goes to .gpu_check/run/ (runs/gpu_check_cpu/ with --cpu): logs/ per run, results.jsonl and
 # gpu_check.json ($OUT/ too when set). The command
 # that runs it on the borrowed machine is in bench/README.md.
@@ -31,7 +35,8 @@ case "${1:-}" in
 esac
 WORK=.gpu_check
 WHEELS=.whl
-LIMIT_MIB=64
+LIMIT_MIB=48
+CUDA_LIBRARY=cuda130  # the GPU machine's CUDA (13.0): the one bitsandbytes library it needs
 # The wheels the GPU machine lacks (or has older): the versions pyproject.toml pins.
 pin() { grep -oE "\"$1==[^\"]+\"" pyproject.toml | tr -d '"'; }
 
@@ -46,6 +51,10 @@ if [[ $MODE == prepare ]]; then
         --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 -d "$WHEELS" \
         "$(pin trl)" "$(pin datasets)" "$(pin bitsandbytes)" "$(pin transformers)" "$(pin peft)" \
         dill==0.4.1 multiprocess==0.70.19
+    # llguidance's wheel needs glibc 2.31 (the GPU machine's Ubuntu has more)
+    $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_31_x86_64 -d "$WHEELS" "$(pin llguidance)"
+    $PY -m bench.gpu_check slim "$WHEELS"/bitsandbytes-*.whl --keep "$CUDA_LIBRARY"
     $PY -m bench.gpu_check model "$WORK/model"
     $PY -m data_prep.build --source amazon2018 --input "$RAW/amazon2018_5core_small" --out "$WORK/data" --overwrite
     $PY -m data_prep.split --data "$WORK/data" --out "$WORK/tasks" --min-history 2 --max-tasks 50 --seed 0 --overwrite
@@ -74,8 +83,8 @@ if [[ $MODE == gpu ]]; then
         || { echo "FAIL  installing the carried wheels" >&2; exit 1; }
     export PYTHONPATH=$PWD/$WORK/site:$PWD
     echo "installed the carried wheels in $((SECONDS - START)) s"
-    $PY -c 'import importlib.metadata as m, transformers, trl, peft, bitsandbytes, datasets, accelerate, torch
-print("versions:", ", ".join(f"{p} {m.version(p)}" for p in ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "datasets")))' \
+    $PY -c 'import importlib.metadata as m, transformers, trl, peft, bitsandbytes, datasets, accelerate, torch, llguidance
+print("versions:", ", ".join(f"{p} {m.version(p)}" for p in ("torch", "transformers", "trl", "peft", "accelerate", "bitsandbytes", "datasets", "llguidance")))' \
         || { echo "FAIL  importing the training stack" >&2; exit 1; }
     $PY -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print("GPU:", torch.cuda.get_device_name(0))' || exit 1
     DEVICE=(--use_cpu false --bf16 true --dtype bfloat16 --per_device_train_batch_size 16 --global_batch_size 16
@@ -127,7 +136,7 @@ run lora-ddp 30 "" -- "${LAUNCH[@]}" --config_file configs/accelerate/multi_gpu_
     -m train.sft "${COMMON[@]}" --output_dir "$RUN/out/lora-ddp"
 if [[ $MODE == gpu ]]; then
     run lora-fsdp 30 "" -- "${LAUNCH[@]}" --config_file configs/accelerate/fsdp.yaml \
-        -m train.sft "${COMMON[@]}" --output_dir "$RUN/out/lora-fsdp"
+        -m train.sft "${COMMON[@]}" --activation_checkpointing true --output_dir "$RUN/out/lora-fsdp"
 else
     echo "== lora-fsdp: skipped on the CPU (accelerate enables FSDP only on GPUs; tests/test_fsdp.py covers FSDP2 on gloo)"
 fi
@@ -135,6 +144,15 @@ echo "== hf backend"
 timeout --kill-after=15 "$STEP_TIMEOUT" $PY -m bench.gpu_check backend "$WORK/model" "$RUN/out/lora-ddp" \
     --device $BACKEND_DEVICE >> "$RUN/results.jsonl"
 
+if [[ $MODE == gpu ]]; then
+    echo "== pytest -m gpu tests/test_gpu.py"
+    USERSIM_TINY_MODEL=$PWD/$WORK/model timeout --kill-after=15 "$STEP_TIMEOUT" \
+        $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$RUN/logs/pytest.log" 2>&1
+    rc=$?
+    tail -n 3 "$RUN/logs/pytest.log"
+    $PY -m bench.gpu_check pytest $rc "$RUN/logs/pytest.log" >> "$RUN/results.jsonl"
+    save
+fi
 $PY -m bench.gpu_check report "$RUN/results.jsonl" "$RUN/gpu_check.json" --mode $MODE
 status=$?
 save

@@ -364,3 +364,51 @@ def test_a_train_job_on_a_node_whose_torch_cannot_use_the_driver_stops_before_la
         [sys.executable, "-m", "train.cuda_env"], cwd=REPO_ROOT, capture_output=True, text=True
     )
     assert clean.returncode == 0 and "nothing to check" in clean.stdout  # no driver here: a CPU node
+
+
+def test_the_gpu_checks_bitsandbytes_wheel_keeps_only_the_machines_cuda_library(tmp_path):
+    """bench/gpu_check.sh --prepare cuts bitsandbytes to the GPU machine's CUDA library (carry <= 48 MiB)."""
+    import zipfile
+
+    from bench.gpu_check import slim_wheel
+
+    wheel = tmp_path / "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl"
+    files = {
+        "bitsandbytes/__init__.py": b"x = 1\n",
+        "bitsandbytes/libbitsandbytes_cpu.so": b"c" * 100,
+        "bitsandbytes/libbitsandbytes_cuda128.so": b"8" * 5000,
+        "bitsandbytes/libbitsandbytes_cuda130.so": b"3" * 1000,
+        "bitsandbytes/libbitsandbytes_rocm72.so": b"r" * 3000,
+    }
+    record = "".join(f"{name},sha256=x,{len(data)}\n" for name, data in files.items())
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr(
+            "bitsandbytes-0.50.2.dist-info/RECORD", record + "bitsandbytes-0.50.2.dist-info/RECORD,,\n"
+        )
+    result = slim_wheel(wheel, "cuda130")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        kept_record = archive.read("bitsandbytes-0.50.2.dist-info/RECORD").decode()
+    assert result["dropped"] == 2
+    assert names == {
+        "bitsandbytes/__init__.py", "bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda130.so",
+        "bitsandbytes-0.50.2.dist-info/RECORD",
+    }  # fmt: skip
+    assert (
+        "cuda128" not in kept_record
+        and "rocm72" not in kept_record
+        and "cuda130.so,sha256=x,1000" in kept_record
+    )
+    with pytest.raises(SystemExit, match="no bitsandbytes/libbitsandbytes_cuda999.so"):
+        slim_wheel(wheel, "cuda999")
+
+
+def test_the_gpu_check_limit_is_48_mib_and_it_runs_the_gpu_tests():
+    script = (REPO_ROOT / "bench" / "gpu_check.sh").read_text()
+    assert "LIMIT_MIB=48" in script and "-m pytest -q -m gpu" in script
+    assert (
+        '--config_file configs/accelerate/fsdp.yaml \\\n        -m train.sft "${COMMON[@]}" --activation_checkpointing true'
+        in script
+    )
