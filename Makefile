@@ -48,7 +48,7 @@ sandbox-page: $(STAMP)
 	$(PY) -m agents.sandbox.serve --run runs/sandbox/demo --config configs/sandbox/movielens.yaml \
 		--set data=$(SHARED)/movielens_latest_small
 
-# The conversational user simulator: 6 real Yelp users' goals x the ladder (random, BaseCRS, AgentCRS,
+# The conversational user simulator: 5 real Yelp users' goals x the ladder (random, BaseCRS, AgentCRS,
 # oracle), up to 5 turns, SmolLM2 offline (runs/converse/demo), then its evaluation (runs/converse/demo/eval).
 converse-demo: $(STAMP)
 	$(PY) -m agents.converse --config configs/converse/yelp.yaml --out runs/converse/demo \
