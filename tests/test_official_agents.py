@@ -130,6 +130,9 @@ def test_an_official_agent_runs_unchanged_time_aware_batched_and_recorded(
     assert fingerprint["plugin"] == {"target": f"{agent_file}:ReadsTheStore", "sha256": digest}
     official_output = json.loads((tmp_path / "run" / "output.json").read_text())
     assert len(official_output) == 12
+    calls = len(backend.batches)
+    again = run(agent_file, "ReadsTheStore", yelp_store, tasks, tmp_path / "run")  # a rerun resumes
+    assert again["ran_now"] == 0 and again["predicted"] == 12 and len(backend.batches) == calls
 
     # the leaderboard's visibility, labelled: later reviews reach the agent
     leaderboard = run(
