@@ -9,7 +9,8 @@
     # several results side by side: OUT_DIR/compare.md and compare.png; when they scored the same tasks,
     # compare.md also has each run minus the first with paired 95% intervals
     python -m eval.review --compare runs/eval/a/results.json runs/eval/b/results.json --out runs/eval/cmp
-    # with the build folder, the fidelity report also counts verbatim copies of the store's reviews;
+    # with the build folder, the fidelity report also counts verbatim copies of the store's reviews, and
+    # the tasks whose item has no review older than the target are counted and scored apart ("new items");
     # --wandb offline|online logs it all to W&B (the adapter's training project and group when known)
     python -m eval.review ... --data runs/data/yelp --wandb offline
 
@@ -101,12 +102,13 @@ def evaluate(args: argparse.Namespace) -> dict:
     is_sim = np.array([t.get("data type") == "sim" for t in tasks])
     out_of_range = [t["task_id"] for t, bad in zip(tasks, terms["stars_out_of_range"], strict=True) if bad]
     empty = [t["task_id"] for t, text in zip(tasks, pred_texts, strict=True) if not text.strip()]
-    store_texts = None
+    store_texts, new_item = None, None
     if args.data:
         from data_prep.store import ReviewStore
 
         store = ReviewStore.open(args.data, tasks=args.tasks)  # what a prediction could copy: pairs blocked
         store_texts = [r["text"] for r in store.visible_reviews()]
+        new_item = new_items(store, tasks, targets)
         store.close()
 
     results = {
@@ -115,6 +117,11 @@ def evaluate(args: argparse.Namespace) -> dict:
             "sim": summarise(terms, is_sim) if is_sim.any() else None,
             "real": summarise(terms, ~is_sim) if is_sim.any() else None,
             "by_source": {s: summarise(terms, sources == s) for s in sorted(set(sources))},
+            # the item had no review older than the target (what a time-aware prediction can know of it)
+            "new_items": summarise(terms, new_item) if new_item is not None and new_item.any() else None,
+            "items_with_history": summarise(terms, ~new_item)
+            if new_item is not None and (~new_item).any()
+            else None,
         },
         "counts": {
             "tasks": len(tasks),
@@ -127,6 +134,7 @@ def evaluate(args: argparse.Namespace) -> dict:
             "empty_review_task_ids": empty,
             "stars_out_of_range": len(out_of_range),
             "stars_out_of_range_task_ids": out_of_range,
+            "new_items": None if new_item is None else int(new_item.sum()),
         },
         "fidelity": fidelity(pred_stars, pred_texts, true_stars, true_texts, store_texts),
         "visibility": run_visibility(args.predictions),
@@ -160,6 +168,19 @@ def evaluate(args: argparse.Namespace) -> dict:
         predictions,
     )
     return results
+
+
+def new_items(store, tasks: list[dict], targets: dict) -> np.ndarray:
+    """Per task: whether its item has no visible review strictly older than the task's target (a new
+    item as of the task's moment; the task pairs are blocked)."""
+    return np.array(
+        [
+            not store.get_reviews(item_id=t["item_id"], before=targets[t["task_id"]]["ts"])
+            if t["task_id"] in targets
+            else False
+            for t in tasks
+        ]
+    )
 
 
 def write_outputs(
@@ -238,9 +259,9 @@ def compare(paths: list[Path], names: list[str] | None, out: Path, paired: bool 
         sys.exit("error: --names needs one name per result file")
     head = (
         "| run | n | PE | RG | overall | sentiment err | emotion err | topic err | stars W1 | length KS | "
-        "distinct-2 (real) | repeated | copied | visibility | scorers |"
+        "distinct-2 (real) | repeated | copied | new items | visibility | scorers |"
     )
-    rows = [head, "|" + "---|" * 15]
+    rows = [head, "|" + "---|" * 16]
     for name, r in zip(names, results, strict=True):
         exact = "exact" if r["scorers"]["all_exact"] else "stand-in parts"
         f = r.get("fidelity")  # result files written before the fidelity report have none
@@ -251,10 +272,12 @@ def compare(paths: list[Path], names: list[str] | None, out: Path, paired: bool 
             if f
             else "– | – | – | – | –"
         )
+        fresh = r["counts"].get("new_items")  # tasks whose item had no older review (needs --data)
+        fresh = "–" if fresh is None else f"{fresh / max(r['n'], 1):.0%}"
         rows.append(
             f"| {name} | {r['n']} | {r['preference_estimation']:.4f} | {r['review_generation']:.4f} | "
             f"{r['overall']:.4f} | {r['sentiment_error']:.4f} | {r['emotion_error']:.4f} | {r['topic_error']:.4f} | "
-            f"{fid} | {r.get('visibility', 'unknown')} | {exact} |"
+            f"{fid} | {fresh} | {r.get('visibility', 'unknown')} | {exact} |"
         )
     table = "\n".join(rows)
     if paired and len(paths) > 1:

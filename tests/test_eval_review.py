@@ -316,3 +316,35 @@ def test_local_topic_model_folder(offline_scorers):
     assert scorers.topic.info["exact"] is False and "model.safetensors" in scorers.topic.info["files_sha256"]
     assert scorers.topic(["a sentence"]).shape == (1, 384)
     assert scorers.emotion.encoder is not scorers.topic  # the stand-in keeps its own, fixed encoder
+
+
+def test_tasks_whose_item_had_no_older_review_are_counted_and_scored_apart(
+    raw, yelp_store, tasks, tmp_path, offline_scorers
+):
+    predictions = tmp_path / "prev.jsonl"
+    baselines.main(
+        ["previous-review", "--data", str(yelp_store), "--tasks", str(tasks), "--out", str(predictions)]
+    )
+    results = run_eval(tasks, predictions, tmp_path / "eval", "--data", str(yelp_store))
+    # by hand, from the raw file: an item is new for a task when no review of it, other than the task
+    # pairs' own, is older than the task's target
+    reviews = [
+        json.loads(line) for line in (raw / "yelp_asc_sample" / "review_subset.json").read_text().splitlines()
+    ]
+    pairs = {(t["user_id"], t["item_id"]) for t in read_tasks(tasks)}
+    targets = read_targets(tasks)
+    new = [
+        not any(
+            r["item_id"] == t["item_id"] and (r["user_id"], r["item_id"]) not in pairs
+            and r["date"].replace(" ", "T") < targets[t["task_id"]]["date"].rstrip("Z")
+            for r in reviews
+        )
+        for t in read_tasks(tasks)
+    ]  # fmt: skip
+    assert results["counts"]["new_items"] == sum(new) > 0  # 3 of these 30 tasks
+    by_group = results["breakdown"]
+    assert (by_group["new_items"] or {}).get("n", 0) + by_group["items_with_history"]["n"] == 30
+    table = review.compare(
+        [tmp_path / "eval" / "results.json"], ["previous-review"], tmp_path / "cmp", paired=False
+    )
+    assert f"| {sum(new) / 30:.0%} |" in table and "| new items |" in table

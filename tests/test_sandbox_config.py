@@ -23,7 +23,10 @@ def test_defaults_overrides_and_nested_sections(tmp_path):
         ("memory:\n  nope: 1\n", "memory.nope: Unexpected keyword argument"),
         ("nope: 1\n", "nope: Unexpected keyword argument"),
         ("llm:\n  nope: 1\n", "llm.nope: unknown setting"),
-        ("recommender:\n  kind: magic\n", "recommender.kind: Value error, .magic. is not random, popularity, mf or package.module:Class"),
+        (
+            "recommender:\n  kind: magic\n",
+            "recommender.kind: Value error, .magic. is not random, popularity, mf or package.module:Class",
+        ),
         ("rounds: many\n", "rounds: Input should be a valid integer"),
         ("- a list\n", "expected a mapping"),
     ],
