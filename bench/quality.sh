@@ -9,7 +9,10 @@
 # >= 2 older reviews) and its first 50; 3. training pairs with *every* eligible task blocked, and the
 # CPU LoRA recipe on them, so the adapter has seen none of the tasks it is scored on; 4. all agents and
 # the baselines on the 50 tasks; 5. stats, tuned and tuned-mbr (and the baselines) on every eligible
-# task; 6. the candidate-pool ablation of tuned-mbr (bench/selection_bench.py).
+# task; 6. the candidate-pool ablation of tuned-mbr (bench/selection_bench.py); 7. a temporal split
+# beside leave-last-out: every review from the latest day that leaves at least 100 eligible tasks on (the
+# day is in tasks_temporal/manifest.json), with its own adapter trained only on reviews before that day,
+# and the agents and baselines on it (suite_temporal; its tables show the share of new items).
 # Each step resumes or skips finished work; the suites write compare.md, agents.md and claims.md.
 set -euo pipefail
 SAMPLE=${1:?usage: quality.sh amazon|yelp [OUT]}
@@ -36,3 +39,10 @@ set -x
 E="$OUT/suite_all/eval"
 "$PY" -m bench.selection_bench --run "$OUT/suite_all/sim/tuned-mbr" --data "$OUT/data" --tasks "$OUT/tasks_all" \
     --out "$OUT/selection" --against tuned="$E/tuned" stats="$E/stats" nearest-centroid="$E/nearest-centroid"
+"$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/tasks_temporal" --strategy temporal --cutoff latest:100 \
+    --min-history 2 --seed 0 --overwrite
+[[ -f "$OUT/pairs_temporal/card.json" ]] || "$PY" -m data_prep.pairs --data "$OUT/data" --tasks "$OUT/tasks_temporal" \
+    --out "$OUT/pairs_temporal" --k-user 2 --k-item 1 --max-tokens 256
+"$PY" -m train.sft --config configs/sft/smollm2_cpu.yaml --pairs "$OUT/pairs_temporal" --output_dir "$OUT/sft_temporal"
+"$PY" -m eval.suite --kinds stats stats-mbr tuned tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_temporal" \
+    --adapter "$OUT/sft_temporal" --out "$OUT/suite_temporal" --visibility "$VISIBILITY"

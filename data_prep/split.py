@@ -6,6 +6,9 @@
     # every review on or after a date is a target (first per user-item pair)
     python -m data_prep.split --data runs/data/yelp --out runs/tasks/yelp_2019 \\
         --strategy temporal --cutoff 2019-01-01 --min-history 3 --seed 0
+    # the latest day that still leaves at least 100 eligible targets on or after it (the manifest says which)
+    python -m data_prep.split --data runs/data/yelp --out runs/tasks/yelp_late --strategy temporal \\
+        --cutoff latest:100 --min-history 2
     # official task folders: keep their (user, item) pairs, take the targets from the store
     python -m data_prep.split --data data/yelp --out runs/tasks/official --import-official example/track1/yelp
 
@@ -83,6 +86,35 @@ def candidates(store: ReviewStore, strategy: str, cutoff: int | None) -> list[di
     return sorted((_target(r) for r in rows), key=lambda t: (t["user_id"], t["item_id"], t["review_id"]))
 
 
+def latest_cutoff(store: ReviewStore, at_least: int, min_history: int, points: int = 64) -> int:
+    """The latest UTC day boundary with at least ``at_least`` eligible temporal targets on or after it.
+    The count is not monotone in the cutoff (an early cutoff leaves users without history), so: the
+    latest of ``points`` evenly spaced days that qualifies, then bisection between it and the next
+    one, which does not. The chosen day always qualifies."""
+    first, last = store.conn.execute("SELECT MIN(ts), MAX(ts) FROM reviews").fetchone()
+    day = 86400
+
+    def eligible(cutoff_day: int) -> int:
+        return sum(t["history"] >= min_history for t in candidates(store, "temporal", cutoff_day * day))
+
+    begin, end = first // day + 1, last // day + 1  # days since the epoch
+    grid = sorted({begin + (end - begin) * k // points for k in range(points + 1)})
+    qualifying = [d for d in grid if eligible(d) >= at_least]
+    if not qualifying:
+        raise SystemExit(
+            f"error: fewer than {at_least} eligible targets at any cutoff: lower N or --min-history"
+        )
+    low = qualifying[-1]
+    high = next((d for d in grid if d > low), end + 1) - 1  # the next grid day does not qualify
+    while low < high:  # invariant: low qualifies
+        middle = (low + high + 1) // 2
+        if eligible(middle) >= at_least:
+            low = middle
+        else:
+            high = middle - 1
+    return low * day
+
+
 def choose(targets: list[dict], max_tasks: int | None, seed: int) -> list[dict]:
     """A seeded shuffle, so any prefix of the tasks (an evaluator's --limit) is a random sample."""
     chosen = list(targets)
@@ -120,7 +152,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", required=True, type=Path, help="the task folder to write")
     parser.add_argument("--strategy", choices=["leave-last-out", "temporal"], default="leave-last-out")
     parser.add_argument("--min-history", type=int, default=1, help="older reviews a user needs (default 1)")
-    parser.add_argument("--cutoff", help="temporal: first date of the test period, e.g. 2019-01-01")
+    parser.add_argument(
+        "--cutoff",
+        help="temporal: first date of the test period, e.g. 2019-01-01, or latest:N, the latest day that "
+        "leaves at least N eligible targets",
+    )
     parser.add_argument("--max-tasks", type=int, help="sample at most this many tasks")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -156,7 +192,11 @@ def main(argv: list[str] | None = None) -> dict:
         strategy = "import-official"
     else:
         cutoff = None
-        if args.cutoff:
+        if args.cutoff and args.cutoff.startswith("latest:"):
+            cutoff = latest_cutoff(store, int(args.cutoff.split(":", 1)[1]), args.min_history)
+            counts["cutoff_chosen"] = format_utc(cutoff)
+            print(f"cutoff {args.cutoff}: {format_utc(cutoff)}")
+        elif args.cutoff:
             from data_prep.store import to_epoch
 
             cutoff = to_epoch(args.cutoff)
@@ -191,7 +231,10 @@ def main(argv: list[str] | None = None) -> dict:
         "strategy": strategy,
         "seed": args.seed,
         "min_history": args.min_history,
-        "cutoff": args.cutoff,
+        # the first moment of the test period (what data_prep.pairs keeps training before); a latest:N
+        # request is resolved to its day here and kept as asked in cutoff_requested
+        "cutoff": counts.get("cutoff_chosen", args.cutoff),
+        "cutoff_requested": args.cutoff,
         "max_tasks": args.max_tasks,
         "counts": counts,
         "data": {"dir": str(args.data), "source_sha256": meta.get("source_sha256")},

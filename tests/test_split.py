@@ -4,8 +4,8 @@ import pytest
 from conftest import write_lines
 
 from data_prep import build, split
-from data_prep.store import ReviewStore
-from data_prep.tasks import read_groundtruth, read_tasks
+from data_prep.store import ReviewStore, to_epoch
+from data_prep.tasks import read_groundtruth, read_targets, read_tasks
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +162,23 @@ def test_bad_split_requests_fail_clearly(yelp, tmp_path):
         make_split(yelp, tmp_path / "b", "--strategy", "temporal")
     with pytest.raises(FileNotFoundError, match="no review store"):
         make_split(tmp_path / "missing", tmp_path / "c")
+
+
+def test_latest_cutoff_leaves_at_least_n_tasks_and_a_day_later_leaves_fewer(yelp, tmp_path):
+    from data_prep.split import candidates
+
+    manifest = make_split(
+        yelp, tmp_path, "--strategy", "temporal", "--cutoff", "latest:100", "--min-history", 2
+    )
+    chosen = to_epoch(manifest["counts"]["cutoff_chosen"])
+    assert (
+        manifest["cutoff"] == manifest["counts"]["cutoff_chosen"]
+        and manifest["cutoff_requested"] == "latest:100"
+    )
+    assert manifest["counts"]["tasks"] >= 100 and chosen % 86400 == 0
+    store = ReviewStore(yelp)
+    later = [t for t in candidates(store, "temporal", chosen + 86400) if t["history"] >= 2]
+    assert len(later) < 100  # the next day would leave too few: this is the latest such day
+    assert all(read_targets(tmp_path)[t["task_id"]]["ts"] >= chosen for t in read_tasks(tmp_path))
+    with pytest.raises(SystemExit, match="fewer than 100000 eligible targets"):
+        make_split(yelp, tmp_path / "none", "--strategy", "temporal", "--cutoff", "latest:100000")
