@@ -28,7 +28,7 @@ Writes OUT/results.json, OUT/table.md, OUT/lengths.png and OUT/traits.png (per r
 judged levels by the persona's level).
 
     python -m eval.converse --replay llm --limit 60 --out runs/converse/replay-base
-    python -m eval.converse --replay llm --limit 60 --set llm.adapter=runs/converse/sft/smollm2_lora \
+    python -m eval.converse --replay llm --limit 60 --set llm.adapter=runs/converse/sft/smollm2_json \
         --out runs/converse/replay-tuned
     python -m eval.converse --consistency runs/converse/replay-base/replay_llm.json runs/converse/replay-tuned/replay_llm.json
     python -m eval.converse --replay human --questionnaire-only --out runs/converse/agreement-base
