@@ -87,15 +87,17 @@ def candidates(store: ReviewStore, strategy: str, cutoff: int | None) -> list[di
 
 
 def latest_cutoff(store: ReviewStore, at_least: int, min_history: int, points: int = 64) -> int:
-    """The latest UTC day boundary with at least ``at_least`` eligible temporal targets on or after it.
+    """A late UTC day boundary with at least ``at_least`` eligible temporal targets on or after it.
     The count is not monotone in the cutoff (an early cutoff leaves users without history), so: the
     latest of ``points`` evenly spaced days that qualifies, then bisection between it and the next
-    one, which does not. The chosen day always qualifies."""
+    one, which does not. The chosen day qualifies and the day after it does not; a later qualifying
+    day between two grid points that bisection does not visit is possible, though unlikely."""
     first, last = store.conn.execute("SELECT MIN(ts), MAX(ts) FROM reviews").fetchone()
     day = 86400
 
-    def eligible(cutoff_day: int) -> int:
-        return sum(t["history"] >= min_history for t in candidates(store, "temporal", cutoff_day * day))
+    def eligible(cutoff_day: int) -> int:  # counted in SQL: no review text is read
+        sql = f"SELECT COUNT(*) FROM ({TEMPORAL}) WHERE history >= :min_history"
+        return store.conn.execute(sql, {"cutoff": cutoff_day * day, "min_history": min_history}).fetchone()[0]
 
     begin, end = first // day + 1, last // day + 1  # days since the epoch
     grid = sorted({begin + (end - begin) * k // points for k in range(points + 1)})
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.strategy == "temporal" and not args.cutoff and not args.import_official:
         parser.error("--strategy temporal needs --cutoff")
+    if args.cutoff and args.strategy != "temporal":
+        parser.error("--cutoff is for --strategy temporal")
     if args.min_history < 0:
         parser.error("--min-history must be >= 0")
     if (args.out / "tasks").exists() and not args.overwrite:

@@ -214,6 +214,11 @@ class ReviewStore:
         sql = f"SELECT data FROM reviews r {where} ORDER BY r.ts, r.review_id"
         return [orjson.loads(data) for (data,) in self.conn.execute(sql, args)]
 
+    def has_reviews(self, before: int | str | datetime | None = None, **keys) -> bool:
+        """Whether any visible review matches the keys (strictly older than ``before``): one row read."""
+        where, args = self._where(before, **keys)
+        return self.conn.execute(f"SELECT 1 FROM reviews r {where} LIMIT 1", args).fetchone() is not None
+
     def _where(self, before=None, **keys) -> tuple[str, list]:
         """The WHERE clause over ``reviews r``: the given keys, strictly older than ``before``, and
         never a review of a blocked (user, item) pair."""

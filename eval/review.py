@@ -175,11 +175,11 @@ def new_items(store, tasks: list[dict], targets: dict) -> np.ndarray:
     item as of the task's moment; the task pairs are blocked)."""
     return np.array(
         [
-            not store.get_reviews(item_id=t["item_id"], before=targets[t["task_id"]]["ts"])
-            if t["task_id"] in targets
-            else False
+            t["task_id"] in targets
+            and not store.has_reviews(item_id=t["item_id"], before=targets[t["task_id"]]["ts"])
             for t in tasks
-        ]
+        ],
+        dtype=bool,
     )
 
 

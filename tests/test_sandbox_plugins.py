@@ -183,20 +183,29 @@ def test_an_export_trains_cornac_and_reads_back_as_recbole_atomic_files(raw, tmp
     from agents.sandbox.export import export
 
     run(args(raw, tmp_path / "run", 3, *CORNAC), Recording(), embed)
-    table = export(tmp_path / "run", "csv")
+    with open(tmp_path / "run" / "interactions.jsonl", "a") as handle:  # a round a kill cut off
+        handle.write(json.dumps({"round": 4, "agent": "x", "action": "watch", "item": 1}) + "\n")
+    only_watches = list(csv.DictReader(open(export(tmp_path / "run", "csv", tmp_path / "watches"))))
+    assert {r["action"] for r in only_watches} == {"watch"}  # what a library may read as positives
+    table = export(tmp_path / "run", "csv", impressions=True)
     rows = list(csv.DictReader(open(table)))
+    assert len(only_watches) == sum(r["action"] == "watch" for r in rows) and {r["round"] for r in rows} <= {
+        "1",
+        "2",
+        "3",
+    }
     watches = [r for r in rows if r["action"] == "watch"]
     events = [json.loads(line) for line in lines(tmp_path / "run" / "interactions.jsonl")]
-    assert len(watches) == sum(e["action"] == "watch" for e in events) > 0
+    assert len(watches) == sum(e["action"] == "watch" and e["round"] <= 3 for e in events) > 0
     assert all(r["rating"] for r in watches) and not any(r["rating"] for r in rows if r["action"] != "watch")
     start = json.loads((tmp_path / "run" / "checkpoint.json").read_text())["start"]
     assert {int(r["timestamp"]) - start for r in rows} <= {86400 * k for k in (1, 2, 3)}
-    data = Dataset.from_uir([(r["user_id"], r["item_id"], 1.0) for r in rows], seed=0)
+    data = Dataset.from_uir([(r["user_id"], r["item_id"], 1.0) for r in only_watches], seed=0)
     model = BPR(k=4, max_iter=5, seed=0, verbose=False)
     model.fit(data)  # the library trains on simulated behaviour
     assert model.score(0).shape == (data.num_items,)
 
-    inter = export(tmp_path / "run", "recbole", tmp_path / "atomic" / "sim")
+    inter = export(tmp_path / "run", "recbole", tmp_path / "atomic" / "sim", impressions=True)
     header, *body = lines(inter)
     assert header.split("\t") == [
         "user_id:token", "item_id:token", "rating:float", "timestamp:float", "round:float", "action:token",

@@ -34,12 +34,17 @@ def driver_version() -> str | None:
     """The NVIDIA driver's version from nvidia-smi; None where there is no nvidia-smi (a CPU node)."""
     if shutil.which("nvidia-smi") is None:
         return None
-    result = subprocess.run(
-        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        raise SystemExit(
+            "error: nvidia-smi did not answer in 60 s: this node's GPU driver is not usable"
+        ) from None
     lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
     return lines[0] if result.returncode == 0 and lines else None
 
@@ -74,7 +79,10 @@ def main() -> None:
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
     if torch.version.cuda and driver_version() and not torch.cuda.is_available():
-        print(f"error: {message}, but torch sees no GPU: check CUDA_VISIBLE_DEVICES and the job's GPUs", file=sys.stderr)
+        print(
+            f"error: {message}, but torch sees no GPU: check CUDA_VISIBLE_DEVICES and the job's GPUs",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     print(f"cuda_env: {message}")
 

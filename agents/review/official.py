@@ -108,6 +108,7 @@ class Batcher:
         self.cond = threading.Condition()
         self.pending: list[dict] = []
         self.running = 0  # workflows that may still call the LLM
+        self.abandoned: set[int] = set()  # threads past their timeout: their calls are refused
         self.calls, self.batches = 0, 0
         threading.Thread(target=self.serve, daemon=True, name="llm-batcher").start()
 
@@ -115,15 +116,20 @@ class Batcher:
         with self.cond:
             self.running += 1
 
-    def stopped(self, result: dict) -> None:
-        """A workflow ended or was abandoned (past its timeout): counted once either way."""
+    def stopped(self, result: dict, thread: threading.Thread | None = None) -> None:
+        """A workflow ended, or was abandoned past its timeout (``thread``: its later LLM calls are
+        refused, so it cannot hold up or reseed the batches after it); counted once either way."""
         with self.cond:
+            if thread is not None:
+                self.abandoned.add(thread.ident)
             if not result.get("released"):
                 result["released"] = True
                 self.running -= 1
                 self.cond.notify_all()
 
     def ask(self, messages: list[dict], sampling: Sampling, n: int) -> list[str]:
+        if threading.get_ident() in self.abandoned:
+            raise TimeoutError("this workflow ran past its timeout: its task has fallen back")
         slot = {"messages": messages, "sampling": sampling, "n": n, "done": threading.Event()}
         with self.cond:
             self.pending.append(slot)
@@ -278,13 +284,14 @@ class OfficialAgentRunner:
         deadline = time.monotonic() + self.config.agent_timeout_s
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        fallbacks = self.fallback.predict(tasks)
+        with self.lock:  # abandoned workflows may still read the store
+            fallbacks = self.fallback.predict(tasks)
         out = []
         with open(self.out / FAILURES, "a") as failures:
             for task, result, thread, fallback in zip(tasks, results, threads, fallbacks, strict=True):
                 if thread.is_alive():
                     reason, detail = "agent_timeout", f"no answer after {self.config.agent_timeout_s} s"
-                    self.batcher.stopped(result)  # abandoned: the batcher no longer waits for it
+                    self.batcher.stopped(result, thread)  # abandoned: no longer waited for, nor served
                 elif "error" in result:
                     reason, detail = "agent_raised", result["error"]
                 elif (answer := usable_output(result.get("output"))) is None:

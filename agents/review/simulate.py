@@ -47,7 +47,7 @@ from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
 
 # Settings that change how fast a run goes, not what it predicts: left out of the fingerprint.
-EXECUTION_FIELDS = {"batch_size", "gpu_memory_utilization", "agent_timeout_s", *LLM_EXECUTION_FIELDS}
+EXECUTION_FIELDS = {"batch_size", "gpu_memory_utilization", *LLM_EXECUTION_FIELDS}
 WORK_FILES = (
     "predictions.jsonl",
     "errors.jsonl",
@@ -128,6 +128,8 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
     build = json.loads(store.meta().get("fingerprint") or "{}")
     build.pop("inputs", None)  # file paths: the same data in another clone or mount is the same store
     agent = keep(agent_config)
+    if agent_config.agent is None:  # the timeout decides which tasks fall back only for a plug-in agent
+        agent.pop("agent_timeout_s")
     if agent_config.selection == "answer":  # the pool's settings decide nothing then
         agent = {k: v for k, v in agent.items() if k not in (*MBR_FIELDS, "selection")}
     return {

@@ -11,14 +11,18 @@
 recommender's clicks and seed, the run's random generator), the interactions, statistics and
 interventions up to it, and the config (with ``--set`` changes) into a new run folder whose fingerprint
 is that of its config, so ``run`` continues it from round K with the same seeds. NEW/fork.json says
-where it came from and what the branch changed. Two forks with no change are identical round by round
-(tested).
+where it came from and what the branch changed. The state is the one written at the end of round K:
+interventions made on the parent after that (edits, broadcasts between rounds K and K+1) are not in the
+branch, and fork.json lists them (``left_out_interventions``); apply them to the branch as its
+intervention. Two forks with no change are identical round by round (tested).
 
 ``compare`` pairs two runs' per-round statistics (stats.jsonl) over the rounds after their shared past
 (the later fork round of the two, else every round): per statistic the two means, the mean paired
 difference (B - A) with a 95% bootstrap interval over rounds (scipy.stats.bootstrap), and a Wilcoxon
 signed-rank p-value, Holm-corrected over the statistics compared (statsmodels). With few rounds the
-intervals are wide: the table says how many rounds it pairs.
+intervals are wide: the table says how many rounds it pairs. Rounds of one run are not independent (each
+starts from the last), so the intervals and p-values treat them as more independent than they are: read
+them as optimistic.
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ COPIED = ("rejects.jsonl", "profiles.yaml", "profiles_written.json")
 
 
 def fork(run: Path, round_: int, out: Path, overrides: list[str] = ()) -> dict:
-    from agents.sandbox.run import CHECKPOINTS, keep_rounds, round_checkpoint, run_inputs
+    from agents.sandbox.run import CHECKPOINTS, checkpoint_round, keep_rounds, round_checkpoint, run_inputs
 
     source = round_checkpoint(run, round_)
     if not source.exists():
-        kept = sorted(int(p.name[6:10]) for p in (run / CHECKPOINTS).glob("round_*.json.gz"))
+        kept = sorted(checkpoint_round(p) for p in (run / CHECKPOINTS).glob("round_*.json.gz"))
         raise SystemExit(f"error: {run} has no checkpoint of round {round_} (it has rounds {kept})")
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"error: {out} is not empty: a fork starts a new run folder")
@@ -65,7 +69,8 @@ def fork(run: Path, round_: int, out: Path, overrides: list[str] = ()) -> dict:
         if (run / name).exists():
             shutil.copy2(run / name, out / name)
             keep_rounds(out / name, round_)
-    earlier = [r for r in read_jsonl(run / "interventions.jsonl") if r["round"] < round_]
+    interventions = read_jsonl(run / "interventions.jsonl")
+    earlier = [r for r in interventions if r["round"] < round_]
     (out / "interventions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier))
     write_json(out / "config.json", as_dict(config))
     inputs = run_inputs(config)
@@ -77,6 +82,10 @@ def fork(run: Path, round_: int, out: Path, overrides: list[str] = ()) -> dict:
         "checkpoint_sha256": hashlib.sha256(data).hexdigest(),
         "overrides": list(overrides),
         "changed": fingerprint.differences(parent, fingerprint.normalise(inputs)),
+        # made on the parent after round K's state was written: not in this branch
+        "left_out_interventions": [
+            r for r in interventions if r["round"] >= round_ and r["command"] != "interview"
+        ],
     }
     write_json(out / "fork.json", record)
     print(
@@ -146,7 +155,7 @@ def compare(a: Path, b: Path, out: Path | None = None, after: int | None = None)
         f"Rounds {rounds[0]}-{rounds[-1]} ({len(rounds)}, after the shared past of round {after}); "
         "difference = B - A, paired by round.",
         "",
-        "| statistic | A | B | difference | 95% CI | p (Holm) |",
+        "| statistic | A | B | difference | 95% CI (optimistic: rounds are not independent) | p (Holm) |",
         "|---|---|---|---|---|---|",
     ]
     for key, v in table.items():

@@ -2,9 +2,13 @@
 
     python -m agents.sandbox export RUN_DIR --format recbole      # RUN_DIR/export/recbole/<name>.inter, .item
     python -m agents.sandbox export RUN_DIR --format csv --out DIR  # DIR/interactions.csv
+    python -m agents.sandbox export RUN_DIR --format csv --with-impressions  # and what the pages showed
 
-One row per interaction with an item: a watch (with the agent's stars) and every item a page or a
-search showed (``browse``, ``next``, ``search``; no rating). Columns: the user (the agent's MovieLens
+One row per watch (with the agent's stars): what a recsys library should train on. With
+``--with-impressions`` also one row per item a page or a search showed (``browse``, ``next``, ``search``;
+no rating), told apart by the action column: a library that reads every row as a positive interaction
+would learn from what the agents were shown, not what they chose, so they are left out by default.
+Only rounds the checkpoint holds are exported (a round cut off by a kill is not). Columns: the user (the agent's MovieLens
 user id, or a negative id of its own for an agent without one: the recommender's ids), the item
 (MovieLens movie id), the rating (watches only), the timestamp (the simulated moment: the run's start
 plus ``round x round_days`` days, Unix seconds), the round, the action and the agent's name.
@@ -30,8 +34,8 @@ SHOWN = ("browse", "next", "search")
 DAY = 86400
 
 
-def interactions(run: Path) -> list[dict]:
-    """The run's interactions with items, oldest round first."""
+def interactions(run: Path, impressions: bool = False) -> list[dict]:
+    """The run's watches (and with ``impressions`` the shown items), oldest round first."""
     config = json.loads((run / "config.json").read_text())
     state = json.loads((run / "checkpoint.json").read_text())
     users = {
@@ -43,6 +47,8 @@ def interactions(run: Path) -> list[dict]:
     start, days = state["start"], config["round_days"]
     rows = []
     for event in read_jsonl(run / "interactions.jsonl"):
+        if event["round"] > state["round"]:  # written before a kill, redone on resume
+            continue
         if event["agent"] not in users:
             raise SystemExit(
                 f"error: {run}/interactions.jsonl names agent {event['agent']!r}, not in the checkpoint"
@@ -56,7 +62,7 @@ def interactions(run: Path) -> list[dict]:
         }
         if event["action"] == "watch":
             rows.append({**base, "item_id": event["item"], "rating": event.get("stars")})
-        elif event["action"] in SHOWN:
+        elif impressions and event["action"] in SHOWN:
             rows += [{**base, "item_id": item, "rating": None} for item in event.get("items") or []]
     return rows
 
@@ -64,8 +70,8 @@ def interactions(run: Path) -> list[dict]:
 COLUMNS = ("user_id", "item_id", "rating", "timestamp", "round", "action", "agent")
 
 
-def export(run: Path, fmt: str, out: Path | None = None) -> Path:
-    rows = interactions(run)
+def export(run: Path, fmt: str, out: Path | None = None, impressions: bool = False) -> Path:
+    rows = interactions(run, impressions)
     out = out or run / "export" / fmt
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "csv":

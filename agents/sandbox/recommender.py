@@ -33,6 +33,7 @@ next fit succeeds); the round goes on.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 import numpy as np
@@ -168,7 +169,13 @@ class Feed:
         try:
             self.recommender.fit(self.clicks, seed)
             self.fit_failed = False
-        except Exception:  # the plug-in's own error: counted, the run goes on
+        except Exception as error:  # the plug-in's own error: counted and said, the run goes on
+            if not self.counts[f"recommender_refused:{self.config.kind}:fit_raised"]:
+                print(
+                    f"warning: recommender {self.config.kind} failed to fit ({error!r}); "
+                    f"{self.config.fallback} serves its pages until a fit succeeds (counted)",
+                    file=sys.stderr,
+                )
             self.refuse("fit_raised")
             self.fit_failed = True
 

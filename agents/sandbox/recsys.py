@@ -6,7 +6,8 @@
       options: {model: BPR, params: {k: 32, max_iter: 100, learning_rate: 0.01}}
 
 ``model`` is the name of a class in ``cornac.models`` (BPR, WMF, MostPop, NeuMF, ...) and ``params``
-its keyword arguments; the seed comes from the run's generator (or the checkpoint, on a resume). Cornac
+its keyword arguments; the seed comes from the run's generator (or the checkpoint, on a resume), for
+the models that take one. Cornac
 fits on the (user, movie) clicks as implicit feedback (every click a 1). A movie nobody has clicked is
 not in Cornac's data: it ranks after every scored one, by id. A user Cornac has not seen (an agent with
 no click yet) gets the most clicked movies.
@@ -46,7 +47,11 @@ class CornacRecommender:
         self.popular = sorted(self.items, key=lambda i: (-counts[i], i))
         pairs = sorted(set(clicks))  # one observation per (user, movie): Cornac drops repeats anyway
         self.data = Dataset.from_uir([(str(u), str(i), 1.0) for u, i in pairs], seed=self.seed)
-        self.model = self.model_class(**self.params, seed=self.seed, verbose=False)
+        import inspect
+
+        accepted = inspect.signature(self.model_class.__init__).parameters  # MostPop takes no seed
+        extra = {k: v for k, v in (("seed", self.seed), ("verbose", False)) if k in accepted}
+        self.model = self.model_class(**self.params, **extra)
         self.model.fit(self.data)
         self.item_ids = np.array([int(i) for i in self.data.item_ids])
 

@@ -33,6 +33,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -68,6 +69,11 @@ CHECKPOINTS = "checkpoints"
 
 def round_checkpoint(out: Path, round_: int) -> Path:
     return out / CHECKPOINTS / f"round_{round_:04d}.json.gz"
+
+
+def checkpoint_round(path: Path) -> int:
+    """The round a checkpoints/round_K.json.gz file holds (any number of digits)."""
+    return int(re.fullmatch(r"round_(\d+)\.json\.gz", path.name)[1])
 
 
 def keep_checkpoint(out: Path, state: dict) -> None:
@@ -252,7 +258,7 @@ def open_world(config, out: Path, overwrite: bool, backend=None, embed=None, hum
     for name in ("interactions.jsonl", "stats.jsonl"):
         keep_rounds(out / name, world.round)
     for path in (out / CHECKPOINTS).glob("round_*.json.gz"):  # written after a checkpoint a kill lost
-        if int(path.name[6:10]) > world.round:
+        if checkpoint_round(path) > world.round:
             path.unlink()
     if not round_checkpoint(out, world.round).exists():  # round 0: the start, before any round
         keep_checkpoint(out, world.state())
@@ -541,6 +547,9 @@ def main(argv: list[str] | None = None) -> None:
     leave.add_argument("run")
     leave.add_argument("--format", choices=["recbole", "csv"], required=True)
     leave.add_argument("--out", help="folder (default RUN/export/FORMAT)")
+    leave.add_argument(
+        "--with-impressions", action="store_true", help="also every item a page or search showed"
+    )
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args)
@@ -555,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "export":
         from agents.sandbox.export import export
 
-        export(Path(args.run), args.format, Path(args.out) if args.out else None)
+        export(Path(args.run), args.format, Path(args.out) if args.out else None, args.with_impressions)
     else:
         intervene(args)
 

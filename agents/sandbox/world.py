@@ -812,6 +812,8 @@ class World:
         # the recommender exactly as it was after its last fit: same clicks, same seed
         self.fitted_on = [tuple(c) for c in state["feed"]["fitted_on"]]
         self.feed.train(self.history + self.fitted_on, state["feed"]["seed"])
+        self.counts.clear()  # a refit that fails again was counted when it first failed
+        self.counts.update(state["counts"])
         self.rater.restore(state["stars"])
         self.rng.bit_generator.state = state["rng"]
         for message in state.get("pending_broadcasts", []):  # heard in the next round
