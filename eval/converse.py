@@ -33,6 +33,9 @@ judged levels by the persona's level).
     python -m eval.converse --consistency runs/converse/replay-base/replay_llm.json runs/converse/replay-tuned/replay_llm.json
     python -m eval.converse --replay human --questionnaire-only --out runs/converse/agreement-base
 
+- **The people's questionnaire** (``--replay human --questionnaire-only``): the simulator fills it for
+  each real-person conversation; kept batch by batch in OUT/questionnaire_answers.jsonl, so a stopped
+  run resumes (and refuses to resume under other settings).
 - **Replay** (``--replay llm|human``): the simulator rates the assistant turns of recorded
   conversations; its conversation-level ratings against RecLLMSim's 7 ratings (LLM users) or the
   people's questionnaires (ordinal), Spearman and Pearson with p-values and person-clustered
@@ -50,6 +53,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from agents.converse.simulator import ACTION_INTENT
 from data_prep import recllmsim
@@ -511,6 +515,52 @@ def holm(correlations: dict) -> dict:
     return correlations
 
 
+def questionnaire_answers(
+    simulator, convs, recorded: list[dict], out: Path, config, limit
+) -> list[dict | None]:
+    """The simulator's questionnaire for each conversation, appended to OUT/questionnaire_answers.jsonl
+    batch by batch (32 conversations), so a stopped replay resumes where it stopped (a line cut by a
+    kill is redone); a rerun with another backbone, adapter, transcript budget, seed or sample refuses
+    to resume (OUT/fingerprint.json names what changed). With temperature 0 a resumed replay answers as
+    an uninterrupted one."""
+    from dataclasses import asdict
+
+    from agents.llm import EXECUTION_FIELDS
+    from agents.runs import valid_lines
+    from data_prep import fingerprint
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "questionnaire_answers.jsonl"
+    llm = {k: v for k, v in asdict(config.llm).items() if k not in (*EXECUTION_FIELDS, "adapter")}
+    inputs = {
+        "llm": llm,
+        "adapter": fingerprint.adapter_digest(config.llm.adapter) if config.llm.adapter else None,
+        "transcript_turns": config.transcript_turns,
+        "transcript_tokens": config.transcript_tokens,
+        "temperature": config.temperature,
+        "seed": config.seed,
+        "limit": limit,
+        "conversations": [c.file for c in convs],
+    }
+    if not fingerprint.verdict(out, inputs, overwrite=False, has_work=path.exists()):
+        path.unlink(missing_ok=True)
+    fingerprint.record(out, inputs)
+    if path.exists() and (data := path.read_bytes()) and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])  # a line cut off by a kill: redone
+    done = {row["file"]: row["answer"] for _, row in valid_lines(path)}
+    todo = [k for k, c in enumerate(convs) if c.file not in done]
+    if done:
+        print(f"resuming: {len(done)} questionnaires answered, {len(todo)} to go")
+    with open(path, "a") as sink:
+        for start in tqdm(range(0, len(todo), 32), desc="questionnaires", unit=" x32"):
+            chunk = todo[start : start + 32]
+            for k, answer in zip(chunk, simulator.questionnaire([recorded[k] for k in chunk]), strict=True):
+                sink.write(json.dumps({"file": convs[k].file, "answer": answer}, ensure_ascii=False) + "\n")
+                done[convs[k].file] = answer
+            sink.flush()
+    return [done[c.file] for c in convs]
+
+
 def replay_check(
     data: Path,
     config,
@@ -585,8 +635,8 @@ def replay_check(
             )
     holm(results["correlations"])
     if source == "human":  # the same questionnaire the people filled, answered by the simulator
-        answers = simulator.questionnaire(recorded)
-        results["unusable_questionnaires"] = simulator.counts["fallback:questionnaire"]
+        answers = questionnaire_answers(simulator, convs, recorded, out, config, limit)
+        results["unusable_questionnaires"] = sum(a is None for a in answers)
         results["questionnaire"] = {}
         for name in QUESTIONNAIRE:
             keep = [i for i, a in enumerate(answers) if a is not None and not np.isnan(truth[name][i])]

@@ -696,3 +696,70 @@ def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(ra
     assert all("spearman_p_holm" in same["questionnaire"][n] for n in varied)
     flipped = replay_check(raw / "recllmsim", config(), tmp_path / "b", "human", 40, Knows(True))
     assert all(flipped["questionnaire"][n]["spearman"] == -1.0 for n in varied)
+
+
+def test_a_stopped_questionnaire_replay_resumes_without_redoing_and_refuses_other_settings(raw, tmp_path):
+    """The people's questionnaire over their conversations is an hour-long run here: it is kept batch by
+    batch, a kill loses only the batch in progress, and a rerun with another backbone setting refuses."""
+    from data_prep.prompt import QUESTIONNAIRE_ITEMS
+    from eval.converse import replay_check
+
+    class Answers(Scripted):
+        """Every item's answer from the prompt's length (deterministic); dies on batch ``die_at``."""
+
+        def __init__(self, die_at=None):
+            super().__init__()
+            self.die_at, self.batches = die_at, 0
+
+        def generate(self, conversations, sampling, constraint=None):
+            props = (
+                json.loads(constraint.schema)["properties"]
+                if constraint and constraint.kind == "json"
+                else {}
+            )
+            if set(props) == set(QUESTIONNAIRE_ITEMS):
+                self.batches += 1
+                if self.batches == self.die_at:
+                    raise KeyboardInterrupt  # as if the job were stopped mid-batch
+                return [
+                    json.dumps(
+                        {
+                            n: list(o)[len(c[-1]["content"]) % len(o)]
+                            for n, (_, o) in QUESTIONNAIRE_ITEMS.items()
+                        }
+                    )
+                    for c in conversations
+                ]
+            return super().generate(conversations, sampling, constraint)
+
+    settings = config("temperature=0")
+    whole = replay_check(
+        raw / "recllmsim", settings, tmp_path / "whole", "human", 70, Answers(), turn_ratings=False
+    )
+    with pytest.raises(KeyboardInterrupt):
+        replay_check(
+            raw / "recllmsim", settings, tmp_path / "cut", "human", 70, Answers(die_at=2), turn_ratings=False
+        )
+    kept = (tmp_path / "cut" / "questionnaire_answers.jsonl").read_text().splitlines()
+    assert len(kept) == 32  # the first batch was kept
+    resumed_backend = Answers()
+    resumed = replay_check(
+        raw / "recllmsim", settings, tmp_path / "cut", "human", 70, resumed_backend, turn_ratings=False
+    )
+    assert resumed_backend.batches == 2  # 38 left: batches of 32 and 6, the first 32 not asked again
+    for name, row in whole["questionnaire"].items():  # the same answers (intervals draw their own resamples)
+        assert {k: resumed["questionnaire"][name][k] for k in ("n", "spearman", "simulated_mean")} == {
+            k: row[k] for k in ("n", "spearman", "simulated_mean")
+        }
+    answers = lambda folder: sorted(
+        (tmp_path / folder / "questionnaire_answers.jsonl").read_text().splitlines()
+    )  # noqa: E731
+    assert answers("cut") == answers("whole")
+    lines = [
+        json.loads(line)
+        for line in (tmp_path / "cut" / "questionnaire_answers.jsonl").read_text().splitlines()
+    ]
+    assert len(lines) == len({row["file"] for row in lines}) == 70
+    with pytest.raises(SystemExit, match="transcript_tokens"):
+        replay_check(raw / "recllmsim", config("temperature=0", "transcript_tokens=512"), tmp_path / "cut", "human",
+                     70, Answers(), turn_ratings=False)  # fmt: skip
