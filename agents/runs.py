@@ -15,6 +15,18 @@ def write_json(path: Path, value) -> None:
     os.replace(tmp, path)
 
 
+def drop_cut_line(path: Path) -> bytes:
+    """A JSON-lines file's bytes without a last line that lacks its newline (cut by a kill mid-write;
+    the file is rewritten without it, so lines appended next start clean). b"" for no file."""
+    if not path.exists():
+        return b""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        path.write_bytes(data)
+    return data
+
+
 def valid_lines(path: Path) -> list[tuple[str, dict]]:
     """A JSON-lines file's whole lines and their values; a line cut by a kill (or still being
     written) is not one."""

@@ -526,7 +526,7 @@ def questionnaire_answers(
     from dataclasses import asdict
 
     from agents.llm import EXECUTION_FIELDS
-    from agents.runs import valid_lines
+    from agents.runs import drop_cut_line, valid_lines
     from data_prep import fingerprint
 
     out.mkdir(parents=True, exist_ok=True)
@@ -545,8 +545,7 @@ def questionnaire_answers(
     if not fingerprint.verdict(out, inputs, overwrite=False, has_work=path.exists()):
         path.unlink(missing_ok=True)
     fingerprint.record(out, inputs)
-    if path.exists() and (data := path.read_bytes()) and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])  # a line cut off by a kill: redone
+    drop_cut_line(path)  # a line cut off by a kill: redone
     done = {row["file"]: row["answer"] for _, row in valid_lines(path)}
     todo = [k for k, c in enumerate(convs) if c.file not in done]
     if done:

@@ -751,9 +751,10 @@ def test_a_stopped_questionnaire_replay_resumes_without_redoing_and_refuses_othe
         assert {k: resumed["questionnaire"][name][k] for k in ("n", "spearman", "simulated_mean")} == {
             k: row[k] for k in ("n", "spearman", "simulated_mean")
         }
-    answers = lambda folder: sorted(
-        (tmp_path / folder / "questionnaire_answers.jsonl").read_text().splitlines()
-    )  # noqa: E731
+
+    def answers(folder):
+        return sorted((tmp_path / folder / "questionnaire_answers.jsonl").read_text().splitlines())
+
     assert answers("cut") == answers("whole")
     lines = [
         json.loads(line)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from agents.llm import Sampling, load_llm
 from agents.plugins import describe, load_class
-from agents.review.agent import AgentConfig, Prediction, ReviewAgent
+from agents.review.agent import AgentConfig, Prediction, ReviewAgent, usable
 
 FAILURES = "agent_failures.jsonl"
 
@@ -238,7 +238,7 @@ def usable_output(output) -> tuple[float, str] | None:
         stars = float(stars)
     except (TypeError, ValueError):
         return None
-    if not 1 <= stars <= 5 or not isinstance(review, str) or not review.strip():
+    if not isinstance(review, str) or not usable(stars, review):
         return None
     return stars, review.strip()
 

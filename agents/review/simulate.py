@@ -40,6 +40,7 @@ from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig
 from agents.review import official
 from agents.review.agent import COUNTS, MBR_FIELDS, AgentConfig, ReviewAgent
+from agents.runs import drop_cut_line
 from data_prep import fingerprint
 from data_prep.provenance import provenance
 from data_prep.schema import format_utc
@@ -73,13 +74,7 @@ class RunArguments:
 
 def finished(path: Path) -> dict[int, dict]:
     """Predictions already written; a last line without its newline (a kill mid-write) is cut off."""
-    if not path.exists():
-        return {}
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-        path.write_bytes(data)
-    rows = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in drop_cut_line(path).decode().splitlines() if line.strip()]
     return {r["task_id"]: r for r in rows}
 
 
