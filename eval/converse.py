@@ -40,6 +40,9 @@ judged levels by the persona's level).
   conversations; its conversation-level ratings against RecLLMSim's 7 ratings (LLM users) or the
   people's questionnaires (ordinal), Spearman and Pearson with p-values and person-clustered
   intervals (``replay_check``).
+- **Agreement per backbone** (``--agreement DIR [DIR...]``): the questionnaire-only folders' answers
+  against the people's, per item, and each later backbone against the first as paired differences in
+  Spearman (``agreement``); ``--out`` keeps agreement.json and agreement.md.
 - **Consistency across backbones** (``--consistency A B``): two replays of the same conversations,
   their conversation-level ratings correlated per rating.
 """
@@ -689,6 +692,130 @@ def consistency(first: Path, second: Path) -> dict:
     return out
 
 
+def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
+    """The people's questionnaire as answered by one or more backbones (the folders of ``--replay human
+    --questionnaire-only`` runs): per backbone and item, Spearman with the person's own answer
+    (person-clustered interval, Holm over the items), and for each later backbone against the first,
+    the paired difference in Spearman on the conversations both answered: the same resampled people
+    for both, a percentile interval and a two-sided bootstrap p-value, Holm over the items."""
+    from scipy.stats import spearmanr
+    from statsmodels.stats.multitest import multipletests
+
+    from agents.runs import valid_lines
+
+    truth = {
+        c.file: (c.persona, c.questionnaire or {})
+        for c in recllmsim.load(data).conversations
+        if c.source == "human"
+    }
+    answered = []
+    for run in runs:
+        rows = {row["file"]: row["answer"] for _, row in valid_lines(run / "questionnaire_answers.jsonl")}
+        unknown = sorted(set(rows) - set(truth))
+        if unknown:
+            raise ValueError(
+                f"{run}: {len(unknown)} answers name no real-person conversation, e.g. {unknown[0]}"
+            )
+        answered.append(rows)
+    rng = np.random.default_rng(0)
+    out = {
+        "runs": [str(r) for r in runs],
+        "answered": [len(a) for a in answered],
+        "items": {},
+        "differences": {},
+    }
+    for name, scale in QUESTIONNAIRE.items():
+        real = {f: scale.get(truth[f][1].get(name)) for f in truth}
+        per_run = []
+        for rows in answered:
+            keep = [f for f, a in rows.items() if a is not None and real[f] is not None]
+            row = clustered_correlation(
+                [rows[f][name] for f in keep],
+                [real[f] for f in keep],
+                [truth[f][0] for f in keep],
+                rng,
+                resamples,
+            )
+            if keep:
+                row["simulated_mean"] = round(float(np.mean([rows[f][name] for f in keep])), 3)
+                row["real_mean"] = round(float(np.mean([real[f] for f in keep])), 3)
+            per_run.append(row)
+        out["items"][name] = per_run
+        first = answered[0]
+        for k, rows in enumerate(answered[1:], start=1):
+            keep = sorted(f for f in first if first[f] and rows.get(f) and real[f] is not None)
+            a = np.array([first[f][name] for f in keep], float)
+            b = np.array([rows[f][name] for f in keep], float)
+            y = np.array([real[f] for f in keep], float)
+            people = np.array([truth[f][0] for f in keep])
+            if len(keep) < 3 or min(np.ptp(a), np.ptp(b), np.ptp(y)) == 0:
+                out["differences"][f"{name}: {runs[k]} - {runs[0]}"] = {
+                    "n": len(keep),
+                    "note": "a constant variable",
+                }
+                continue
+            members = [np.flatnonzero(people == c) for c in np.unique(people)]
+            draws = []
+            for _ in range(resamples):
+                index = np.concatenate([members[i] for i in rng.integers(len(members), size=len(members))])
+                if min(np.ptp(a[index]), np.ptp(b[index]), np.ptp(y[index])) > 0:
+                    draws.append(
+                        spearmanr(b[index], y[index]).statistic - spearmanr(a[index], y[index]).statistic
+                    )
+            draws = np.asarray(draws)
+            out["differences"][f"{name}: {runs[k]} - {runs[0]}"] = {
+                "n": len(keep),
+                "difference": round(float(spearmanr(b, y).statistic - spearmanr(a, y).statistic), 3),
+                "ci95": [round(float(v), 3) for v in np.percentile(draws, [2.5, 97.5])],
+                "p": float(min(1.0, 2 * min(np.mean(draws <= 0), np.mean(draws >= 0)))),
+                "resamples": len(draws),
+            }
+    for k in range(len(runs)):
+        holm({name: out["items"][name][k] for name in QUESTIONNAIRE})
+    tested = [key for key, v in out["differences"].items() if "p" in v]
+    if tested:
+        for key, p in zip(
+            tested, multipletests([out["differences"][t]["p"] for t in tested], method="holm")[1], strict=True
+        ):
+            out["differences"][key]["p_holm"] = float(p)
+    return out
+
+
+def agreement_table(result: dict) -> str:
+    """Markdown for ``agreement``: one row per backbone and item, then the paired differences."""
+    lines = [
+        "| backbone | item | n | Spearman [95% CI] | Holm p | simulated mean | real mean |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k, run in enumerate(result["runs"]):
+        for name, rows in result["items"].items():
+            r = rows[k]
+            if "spearman" not in r:
+                lines.append(
+                    f"| {run} | {name} | {r['n']} | {r['note']} | | {r.get('simulated_mean', '')} | {r.get('real_mean', '')} |"
+                )
+                continue
+            ci = r["spearman_ci95"] and f" [{r['spearman_ci95'][0]:+.3f}, {r['spearman_ci95'][1]:+.3f}]"
+            lines.append(
+                f"| {run} | {name} | {r['n']} | {r['spearman']:+.3f}{ci or ' (no interval)'} | "
+                f"{r['spearman_p_holm']:.3g} | {r['simulated_mean']} | {r['real_mean']} |"
+            )
+    if result["differences"]:
+        lines += [
+            "",
+            "| paired difference in Spearman | n | difference [95% CI] | Holm p |",
+            "|---|---|---|---|",
+        ]
+        for key, d in result["differences"].items():
+            if "difference" in d:
+                lines.append(
+                    f"| {key} | {d['n']} | {d['difference']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {d['p_holm']:.3g} |"
+                )
+            else:
+                lines.append(f"| {key} | {d['n']} | {d['note']} | |")
+    return "\n".join(lines)
+
+
 def evaluate(run: Path, data: Path, out: Path) -> dict:
     turns = read_jsonl(run / "turns.jsonl")
     dialogues = read_jsonl(run / "dialogues.jsonl")
@@ -736,10 +863,25 @@ def main(argv: list[str] | None = None) -> None:
         help="replay human: only the people's questionnaire, not the per-turn ratings as well",
     )
     parser.add_argument("--consistency", type=Path, nargs=2, help="two replay JSONs of different backbones")
+    parser.add_argument(
+        "--agreement",
+        type=Path,
+        nargs="+",
+        help="questionnaire-only replay folders: per item agreement, and each against the first, paired",
+    )
     args = parser.parse_args(argv)
-    if not (args.run or args.replay or args.consistency):
-        parser.error("give --run RUN_DIR, --replay llm|human, or --consistency A.json B.json")
-    if args.consistency:
+    if not (args.run or args.replay or args.consistency or args.agreement):
+        parser.error(
+            "give --run RUN_DIR, --replay llm|human, --consistency A.json B.json or --agreement DIR..."
+        )
+    if args.agreement:
+        result = agreement(args.agreement, args.data)
+        print(agreement_table(result))
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "agreement.json").write_text(json.dumps(result, indent=1))
+            (args.out / "agreement.md").write_text(agreement_table(result) + "\n")
+    elif args.consistency:
         result = consistency(*args.consistency)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)

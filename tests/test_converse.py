@@ -764,3 +764,33 @@ def test_a_stopped_questionnaire_replay_resumes_without_redoing_and_refuses_othe
     with pytest.raises(SystemExit, match="transcript_tokens"):
         replay_check(raw / "recllmsim", config("temperature=0", "transcript_tokens=512"), tmp_path / "cut", "human",
                      70, Answers(), turn_ratings=False)  # fmt: skip
+
+
+def test_agreement_pairs_two_backbones_on_the_conversations_both_answered(raw, tmp_path):
+    """A backbone that gives the people's own answers against one that answers from a coin: per item the
+    first agrees perfectly, and the paired difference (coin - perfect) has an interval below zero; an
+    answer for a conversation the data does not have is refused, not scored."""
+    from eval.converse import QUESTIONNAIRE, agreement, agreement_table
+
+    people = [c for c in recllmsim.load(raw / "recllmsim").conversations if c.source == "human"][:120]
+    coin = np.random.default_rng(1)
+    for name, answer in {
+        "perfect": lambda c: {k: QUESTIONNAIRE[k].get(c.questionnaire.get(k), 0) for k in QUESTIONNAIRE},
+        "coin": lambda c: {k: int(coin.integers(len(QUESTIONNAIRE[k]))) for k in QUESTIONNAIRE},
+    }.items():
+        (tmp_path / name).mkdir()
+        lines = [json.dumps({"file": c.file, "answer": answer(c)}, ensure_ascii=False) for c in people]
+        (tmp_path / name / "questionnaire_answers.jsonl").write_text("\n".join(lines) + "\n")
+    result = agreement([tmp_path / "perfect", tmp_path / "coin"], raw / "recllmsim", resamples=300)
+    varied = [n for n, rows in result["items"].items() if "spearman" in rows[0]]
+    assert len(varied) >= 3 and all(result["items"][n][0]["spearman"] == 1.0 for n in varied)
+    for n in varied:
+        d = result["differences"][f"{n}: {tmp_path / 'coin'} - {tmp_path / 'perfect'}"]
+        assert d["n"] == 120 and d["ci95"][1] < 0 and d["p_holm"] < 0.05
+    assert "paired difference" in agreement_table(result)
+    (tmp_path / "stray").mkdir()
+    (tmp_path / "stray" / "questionnaire_answers.jsonl").write_text(
+        '{"file": "nowhere.json", "answer": null}\n'
+    )
+    with pytest.raises(ValueError, match="no real-person conversation"):
+        agreement([tmp_path / "stray"], raw / "recllmsim")
