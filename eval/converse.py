@@ -43,6 +43,9 @@ judged levels by the persona's level).
 - **Agreement per backbone** (``--agreement DIR [DIR...]``): the questionnaire-only folders' answers
   against the people's, per item, and each later backbone against the first as paired differences in
   Spearman (``agreement``); ``--out`` keeps agreement.json and agreement.md.
+- **Ladders of two backbones** (``--ladders A B``): two bench/converse_ladder.sh runs of the same
+  goals; per rating, each goal's oracle − random gap on each backbone and B's gap minus A's, paired
+  over goals (``ladders``): whether a backbone tells good from bad better.
 - **Consistency across backbones** (``--consistency A B``): two replays of the same conversations,
   their conversation-level ratings correlated per rating.
 """
@@ -816,6 +819,88 @@ def agreement_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+LADDER_KEYS = (*KEYS, "llm_objective")
+
+
+def ladders(first: Path, second: Path, low: str = "random", high: str = "oracle") -> dict:
+    """Two ladder runs of the same goals with different backbones (bench/converse_ladder.sh): which one
+    tells the ladder's ends apart better. Per backbone and rating (the three ratings and the LLM's own
+    recommendation score, ``llm_objective``), each goal's gap: its mean rating against ``high`` minus
+    against ``low``; then the second backbone's gap minus the first's over the goals both rated (BCa
+    interval, Wilcoxon signed-rank p, Holm over the ratings), and each run's unusable ratings."""
+    from scipy.stats import wilcoxon
+    from statsmodels.stats.multitest import multipletests
+
+    def gaps(run: Path) -> dict[str, dict[int, float]]:
+        per: dict[tuple[str, str, int], list[float]] = {}
+        for t in read_jsonl(run / "turns.jsonl"):
+            for key in LADDER_KEYS:
+                value = (t.get("rating") or {}).get(key)
+                if t["crs"] in (low, high) and value is not None:
+                    per.setdefault((key, t["crs"], t["persona"]), []).append(value)
+        out = {}
+        for key in LADDER_KEYS:
+            both = {p for k, c, p in per if k == key and c == low} & {
+                p for k, c, p in per if k == key and c == high
+            }
+            out[key] = {
+                p: float(np.mean(per[key, high, p]) - np.mean(per[key, low, p])) for p in sorted(both)
+            }
+        return out
+
+    a, b = gaps(first), gaps(second)
+    out = {"first": str(first), "second": str(second), "low": low, "high": high, "unusable_ratings": {},
+           "gap": {}, "difference": {}}  # fmt: skip
+    for run in (first, second):
+        counts = json.loads((run / "summary.json").read_text())["counts"]
+        out["unusable_ratings"][str(run)] = sum(
+            v for k, v in counts.items() if k.startswith("fallback:rating")
+        )
+    for key in LADDER_KEYS:
+        out["gap"][key] = {
+            str(run): {"mean": round(float(np.mean(list(g[key].values()))), 3) if g[key] else None,
+                       "ci95": interval(list(g[key].values())), "goals": len(g[key])}
+            for run, g in ((first, a), (second, b))
+        }  # fmt: skip
+        shared = sorted(set(a[key]) & set(b[key]))
+        diff = [b[key][p] - a[key][p] for p in shared]
+        row = {
+            "goals": len(shared),
+            "mean": round(float(np.mean(diff)), 3) if diff else None,
+            "ci95": interval(diff),
+        }
+        if len(diff) >= 2 and any(diff):
+            row["p"] = float(wilcoxon(diff).pvalue)
+        out["difference"][key] = row
+    tested = [k for k, v in out["difference"].items() if "p" in v]
+    if tested:
+        adjusted = multipletests([out["difference"][k]["p"] for k in tested], method="holm")[1]
+        for k, p in zip(tested, adjusted, strict=True):
+            out["difference"][k]["p_holm"] = float(p)
+    return out
+
+
+def ladders_table(result: dict) -> str:
+    first, second = result["first"], result["second"]
+    lines = [
+        f"| rating | {result['high']} − {result['low']} gap, {first} | gap, {second} | second − first [95% CI] (goals) | Holm p |",
+        "|---|---|---|---|---|",
+    ]
+
+    def cell(v: dict) -> str:
+        if v["mean"] is None:
+            return "–"
+        ci = f" [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}]" if v.get("ci95") else ""
+        return f"{v['mean']:+.2f}{ci}"
+
+    for key, d in result["difference"].items():
+        gap = result["gap"][key]
+        p = f"{d['p_holm']:.3g}" if "p_holm" in d else "–"
+        lines.append(f"| {key} | {cell(gap[first])} | {cell(gap[second])} | {cell(d)} ({d['goals']}) | {p} |")
+    unusable = ", ".join(f"{run}: {n}" for run, n in result["unusable_ratings"].items())
+    return "\n".join(lines) + f"\n\nunusable ratings: {unusable}"
+
+
 def evaluate(run: Path, data: Path, out: Path) -> dict:
     turns = read_jsonl(run / "turns.jsonl")
     dialogues = read_jsonl(run / "dialogues.jsonl")
@@ -869,7 +954,21 @@ def main(argv: list[str] | None = None) -> None:
         nargs="+",
         help="questionnaire-only replay folders: per item agreement, and each against the first, paired",
     )
+    parser.add_argument(
+        "--ladders",
+        type=Path,
+        nargs=2,
+        help="two ladder runs of different backbones: which tells the ends apart",
+    )
     args = parser.parse_args(argv)
+    if args.ladders:
+        result = ladders(*args.ladders)
+        print(ladders_table(result))
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "ladders.json").write_text(json.dumps(result, indent=1))
+            (args.out / "ladders.md").write_text(ladders_table(result) + "\n")
+        return
     if not (args.run or args.replay or args.consistency or args.agreement):
         parser.error(
             "give --run RUN_DIR, --replay llm|human, --consistency A.json B.json or --agreement DIR..."

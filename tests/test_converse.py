@@ -794,3 +794,37 @@ def test_agreement_pairs_two_backbones_on_the_conversations_both_answered(raw, t
     )
     with pytest.raises(ValueError, match="no real-person conversation"):
         agreement([tmp_path / "stray"], raw / "recllmsim")
+
+
+def test_ladders_pair_two_backbones_gaps_over_the_same_goals(tmp_path):
+    """A backbone whose own score rises from random to oracle by 2 on every goal against one whose score
+    does not move: the gap difference is +2 with an interval above zero; a rating neither gave is '–'."""
+    from eval.converse import ladders, ladders_table
+
+    def run(name, oracle_score, fallbacks):
+        folder = tmp_path / name
+        folder.mkdir()
+        turns = []
+        for persona in range(10):
+            for crs, score in (
+                ("random", 1.0),
+                ("oracle", oracle_score + 0.1 * (persona % 3)),
+                ("base", 3.0),
+            ):
+                rating = {"language_quality": 2.0, "action_quality": None, "recommendation_quality": score,
+                          "llm_objective": score}  # fmt: skip
+                turns.append({"crs": crs, "persona": persona, "dialogue": persona, "rating": rating})
+        (folder / "turns.jsonl").write_text("".join(json.dumps(t) + "\n" for t in turns))
+        (folder / "summary.json").write_text(json.dumps({"counts": {"fallback:rating": fallbacks}}))
+        return folder
+
+    result = ladders(run("base", 1.0, 7), run("tuned", 3.0, 2))
+    d = result["difference"]["llm_objective"]
+    assert d["goals"] == 10 and d["mean"] == pytest.approx(2.0) and d["ci95"][0] > 0 and d["p_holm"] < 0.05
+    assert (
+        result["difference"]["language_quality"]["mean"] == 0
+        and "p" not in result["difference"]["language_quality"]
+    )
+    assert result["difference"]["action_quality"]["goals"] == 0
+    assert result["unusable_ratings"] == {str(tmp_path / "base"): 7, str(tmp_path / "tuned"): 2}
+    assert "| action_quality | – | – |" in ladders_table(result)
