@@ -16,12 +16,13 @@ SETTINGS=(transcript_tokens=768)
 mkdir -p runs/converse
 case "$BACKBONE" in
     base) ;;
-    tuned) SETTINGS+=(llm.adapter=${ADAPTER:-runs/converse/sft/smollm2_json}) ;;
+    tuned) SETTINGS+=("llm.adapter=${ADAPTER:-runs/converse/sft/smollm2_json}") ;;
     gemma) SETTINGS+=(llm.model=gemma3-270m-offline) ;;
     *) echo "error: unknown backbone $BACKBONE (base, tuned or gemma)" >&2; exit 2 ;;
 esac
 "$PY" -m eval.converse --replay human --questionnaire-only --data "$DATA" --set "${SETTINGS[@]}" \
     --out "runs/converse/agreement-$BACKBONE"
+# every finished backbone, the base first when it is done (the others are paired against the first)
 DONE=()
 for b in base tuned gemma; do [[ -f runs/converse/agreement-$b/replay_human.json ]] && DONE+=("runs/converse/agreement-$b"); done
 "$PY" -m eval.converse --agreement "${DONE[@]}" --data "$DATA" --out runs/converse/agreement

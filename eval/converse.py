@@ -466,7 +466,8 @@ QUESTIONNAIRE = {
 def clustered_correlation(x, y, clusters, rng: np.random.Generator, resamples: int = 2000) -> dict:
     """Spearman and Pearson correlations of x and y with p-values, and 95% percentile intervals from a
     bootstrap that resamples whole clusters (persons), since one person's conversations are not
-    independent."""
+    independent; ``spearman_p_clustered`` is the two-sided p from the same resamples (what ``holm``
+    corrects; ``spearman_p`` is scipy's, which takes every pair as independent)."""
     from scipy.stats import pearsonr, spearmanr
 
     x, y, clusters = np.asarray(x, float), np.asarray(y, float), np.asarray(clusters)
@@ -502,20 +503,30 @@ def clustered_correlation(x, y, clusters, rng: np.random.Generator, resamples: i
         "spearman": round(float(s.statistic), 3),
         "spearman_p": float(s.pvalue),
         "spearman_ci95": [round(float(v), 3) for v in np.percentile(draws["spearman"], [2.5, 97.5])],
+        "spearman_p_clustered": bootstrap_p(np.asarray(draws["spearman"])),
         "pearson": round(float(p.statistic), 3),
         "pearson_p": float(p.pvalue),
         "pearson_ci95": [round(float(v), 3) for v in np.percentile(draws["pearson"], [2.5, 97.5])],
     }
 
 
+def bootstrap_p(draws: np.ndarray) -> float:
+    """Two-sided p of "the statistic is zero" from its bootstrap draws: twice the smaller tail share,
+    each counted with one more draw ((1 + k) / (B + 1)), so never 0."""
+    below, above = (1 + np.sum(draws <= 0)) / (len(draws) + 1), (1 + np.sum(draws >= 0)) / (len(draws) + 1)
+    return float(min(1.0, 2 * min(below, above)))
+
+
 def holm(correlations: dict) -> dict:
     """Adds ``spearman_p_holm`` to every correlation of one table that has a p-value (Holm's step-down
-    correction over the table's tests, statsmodels' multipletests) and returns the table."""
+    correction over the table's tests, statsmodels' multipletests) and returns the table: the
+    person-clustered bootstrap p where there is one, else scipy's."""
     from statsmodels.stats.multitest import multipletests
 
     tested = [k for k, v in correlations.items() if "spearman_p" in v]
     if tested:
-        adjusted = multipletests([correlations[k]["spearman_p"] for k in tested], method="holm")[1]
+        ps = [correlations[k].get("spearman_p_clustered", correlations[k]["spearman_p"]) for k in tested]
+        adjusted = multipletests(ps, method="holm")[1]
         for k, p in zip(tested, adjusted, strict=True):
             correlations[k]["spearman_p_holm"] = float(p)
     return correlations
@@ -713,6 +724,10 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
     }
     answered = []
     for run in runs:
+        if not (run / "questionnaire_answers.jsonl").exists():
+            raise SystemExit(
+                f"error: {run} holds no questionnaire_answers.jsonl (eval.converse --replay human)"
+            )
         rows = {row["file"]: row["answer"] for _, row in valid_lines(run / "questionnaire_answers.jsonl")}
         unknown = sorted(set(rows) - set(truth))
         if unknown:
@@ -766,21 +781,28 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
                         spearmanr(b[index], y[index]).statistic - spearmanr(a[index], y[index]).statistic
                     )
             draws = np.asarray(draws)
-            out["differences"][f"{name}: {runs[k]} - {runs[0]}"] = {
+            key = f"{name}: {runs[k]} - {runs[0]}"
+            difference = round(float(spearmanr(b, y).statistic - spearmanr(a, y).statistic), 3)
+            if len(draws) < 0.95 * resamples:  # as clustered_correlation: a biased few survive
+                out["differences"][key] = {"n": len(keep), "difference": difference, "pair": k,
+                                           "note": f"{resamples - len(draws)} of {resamples} resamples had a constant variable"}  # fmt: skip
+                continue
+            out["differences"][key] = {
                 "n": len(keep),
-                "difference": round(float(spearmanr(b, y).statistic - spearmanr(a, y).statistic), 3),
+                "difference": difference,
                 "ci95": [round(float(v), 3) for v in np.percentile(draws, [2.5, 97.5])],
-                "p": float(min(1.0, 2 * min(np.mean(draws <= 0), np.mean(draws >= 0)))),
+                "p": bootstrap_p(draws),
                 "resamples": len(draws),
+                "pair": k,
             }
     for k in range(len(runs)):
         holm({name: out["items"][name][k] for name in QUESTIONNAIRE})
-    tested = [key for key, v in out["differences"].items() if "p" in v]
-    if tested:
-        for key, p in zip(
-            tested, multipletests([out["differences"][t]["p"] for t in tested], method="holm")[1], strict=True
-        ):
-            out["differences"][key]["p_holm"] = float(p)
+    for k in range(1, len(runs)):  # Holm over the items, per pair of backbones
+        tested = [key for key, v in out["differences"].items() if v.get("pair") == k and "p" in v]
+        if tested:
+            adjusted = multipletests([out["differences"][t]["p"] for t in tested], method="holm")[1]
+            for key, p in zip(tested, adjusted, strict=True):
+                out["differences"][key]["p_holm"] = float(p)
     return out
 
 
@@ -810,7 +832,7 @@ def agreement_table(result: dict) -> str:
             "|---|---|---|---|",
         ]
         for key, d in result["differences"].items():
-            if "difference" in d:
+            if "ci95" in d:
                 lines.append(
                     f"| {key} | {d['n']} | {d['difference']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {d['p_holm']:.3g} |"
                 )
@@ -848,14 +870,24 @@ def ladders(first: Path, second: Path, low: str = "random", high: str = "oracle"
             }
         return out
 
+    def targets(run: Path) -> dict:
+        return {(d["crs"], d["persona"]): d.get("targets") for d in read_jsonl(run / "dialogues.jsonl")}
+
+    ta, tb = targets(first), targets(second)
+    differ = sorted(k for k in set(ta) & set(tb) if ta[k] != tb[k])
+    if differ:
+        raise SystemExit(
+            f"error: {first} and {second} gave other goals to the same persona ids, e.g. {differ[0]}"
+        )
     a, b = gaps(first), gaps(second)
     out = {"first": str(first), "second": str(second), "low": low, "high": high, "unusable_ratings": {},
            "gap": {}, "difference": {}}  # fmt: skip
     for run in (first, second):
         counts = json.loads((run / "summary.json").read_text())["counts"]
-        out["unusable_ratings"][str(run)] = sum(
-            v for k, v in counts.items() if k.startswith("fallback:rating")
-        )
+        out["unusable_ratings"][str(run)] = {
+            "unusable": sum(v for k, v in counts.items() if k.startswith("fallback:rating")),
+            "rating_calls": counts.get("llm_calls:rating", 0),
+        }
     for key in LADDER_KEYS:
         out["gap"][key] = {
             str(run): {"mean": round(float(np.mean(list(g[key].values()))), 3) if g[key] else None,
@@ -883,21 +915,24 @@ def ladders(first: Path, second: Path, low: str = "random", high: str = "oracle"
 def ladders_table(result: dict) -> str:
     first, second = result["first"], result["second"]
     lines = [
-        f"| rating | {result['high']} − {result['low']} gap, {first} | gap, {second} | second − first [95% CI] (goals) | Holm p |",
-        "|---|---|---|---|---|",
+        f"| rating | {result['high']} − {result['low']} gap (goals), {first} | gap (goals), {second} | "
+        "second − first [95% CI] (goals paired) | Wilcoxon p | Holm p |",
+        "|---|---|---|---|---|---|",
     ]
 
     def cell(v: dict) -> str:
         if v["mean"] is None:
             return "–"
         ci = f" [{v['ci95'][0]:+.2f}, {v['ci95'][1]:+.2f}]" if v.get("ci95") else ""
-        return f"{v['mean']:+.2f}{ci}"
+        return f"{v['mean']:+.2f}{ci} ({v['goals']})"
 
     for key, d in result["difference"].items():
         gap = result["gap"][key]
-        p = f"{d['p_holm']:.3g}" if "p_holm" in d else "–"
-        lines.append(f"| {key} | {cell(gap[first])} | {cell(gap[second])} | {cell(d)} ({d['goals']}) | {p} |")
-    unusable = ", ".join(f"{run}: {n}" for run, n in result["unusable_ratings"].items())
+        p, raw = (f"{d['p_holm']:.3g}", f"{d['p']:.3g}") if "p_holm" in d else ("–", "–")
+        lines.append(f"| {key} | {cell(gap[first])} | {cell(gap[second])} | {cell(d)} | {raw} | {p} |")
+    unusable = ", ".join(
+        f"{run}: {n['unusable']} of {n['rating_calls']}" for run, n in result["unusable_ratings"].items()
+    )
     return "\n".join(lines) + f"\n\nunusable ratings: {unusable}"
 
 

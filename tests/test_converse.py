@@ -794,37 +794,46 @@ def test_agreement_pairs_two_backbones_on_the_conversations_both_answered(raw, t
     )
     with pytest.raises(ValueError, match="no real-person conversation"):
         agreement([tmp_path / "stray"], raw / "recllmsim")
+    with pytest.raises(SystemExit, match="no questionnaire_answers"):
+        agreement([tmp_path / "nowhere"], raw / "recllmsim")
 
 
 def test_ladders_pair_two_backbones_gaps_over_the_same_goals(tmp_path):
-    """A backbone whose own score rises from random to oracle by 2 on every goal against one whose score
-    does not move: the gap difference is +2 with an interval above zero; a rating neither gave is '–'."""
+    """A backbone whose own score rises from random to oracle by about 2 on every goal against one whose
+    score hardly moves: the gap difference is about +2 with an interval above zero; a rating neither
+    gave is '–'; runs that gave other goals to the same persona ids are refused."""
     from eval.converse import ladders, ladders_table
 
-    def run(name, oracle_score, fallbacks):
+    def run(name, oracle_score, jitter, fallbacks, target="t"):
         folder = tmp_path / name
         folder.mkdir()
-        turns = []
+        turns, dialogues = [], []
         for persona in range(10):
             for crs, score in (
                 ("random", 1.0),
-                ("oracle", oracle_score + 0.1 * (persona % 3)),
+                ("oracle", oracle_score + jitter * (persona % 3)),
                 ("base", 3.0),
             ):
                 rating = {"language_quality": 2.0, "action_quality": None, "recommendation_quality": score,
                           "llm_objective": score}  # fmt: skip
                 turns.append({"crs": crs, "persona": persona, "dialogue": persona, "rating": rating})
+                dialogues.append({"crs": crs, "persona": persona, "targets": [f"{target}{persona}"]})
         (folder / "turns.jsonl").write_text("".join(json.dumps(t) + "\n" for t in turns))
-        (folder / "summary.json").write_text(json.dumps({"counts": {"fallback:rating": fallbacks}}))
+        (folder / "dialogues.jsonl").write_text("".join(json.dumps(d) + "\n" for d in dialogues))
+        counts = {"fallback:rating": fallbacks, "llm_calls:rating": 40}
+        (folder / "summary.json").write_text(json.dumps({"counts": counts}))
         return folder
 
-    result = ladders(run("base", 1.0, 7), run("tuned", 3.0, 2))
+    result = ladders(run("base", 1.0, 0.1, 7), run("tuned", 3.0, 0.3, 2))
     d = result["difference"]["llm_objective"]
-    assert d["goals"] == 10 and d["mean"] == pytest.approx(2.0) and d["ci95"][0] > 0 and d["p_holm"] < 0.05
+    assert d["goals"] == 10 and d["mean"] == pytest.approx(2.18) and d["ci95"][0] > 1.9 and d["p_holm"] < 0.05
     assert (
         result["difference"]["language_quality"]["mean"] == 0
         and "p" not in result["difference"]["language_quality"]
     )
     assert result["difference"]["action_quality"]["goals"] == 0
-    assert result["unusable_ratings"] == {str(tmp_path / "base"): 7, str(tmp_path / "tuned"): 2}
-    assert "| action_quality | – | – |" in ladders_table(result)
+    assert result["unusable_ratings"][str(tmp_path / "base")] == {"unusable": 7, "rating_calls": 40}
+    table = ladders_table(result)
+    assert "| action_quality | – | – |" in table and "7 of 40" in table
+    with pytest.raises(SystemExit, match="other goals"):
+        ladders(tmp_path / "base", run("elsewhere", 3.0, 0.3, 2, target="u"))
