@@ -521,15 +521,24 @@ def holm(correlations: dict) -> dict:
     """Adds ``spearman_p_holm`` to every correlation of one table that has a p-value (Holm's step-down
     correction over the table's tests, statsmodels' multipletests) and returns the table: the
     person-clustered bootstrap p where there is one, else scipy's."""
+    holm_rows(
+        correlations.values(),
+        lambda v: v.get("spearman_p_clustered", v["spearman_p"]) if "spearman_p" in v else None,
+        "spearman_p_holm",
+    )
+    return correlations
+
+
+def holm_rows(rows, p_of, key: str) -> None:
+    """Holm's step-down correction (statsmodels' multipletests) over the rows whose ``p_of(row)`` is not
+    None, written into each as ``key``: one family of tests."""
     from statsmodels.stats.multitest import multipletests
 
-    tested = [k for k, v in correlations.items() if "spearman_p" in v]
+    tested = [row for row in rows if p_of(row) is not None]
     if tested:
-        ps = [correlations[k].get("spearman_p_clustered", correlations[k]["spearman_p"]) for k in tested]
-        adjusted = multipletests(ps, method="holm")[1]
-        for k, p in zip(tested, adjusted, strict=True):
-            correlations[k]["spearman_p_holm"] = float(p)
-    return correlations
+        adjusted = multipletests([p_of(row) for row in tested], method="holm")[1]
+        for row, p in zip(tested, adjusted, strict=True):
+            row[key] = float(p)
 
 
 def questionnaire_answers(
@@ -713,7 +722,6 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
     the paired difference in Spearman on the conversations both answered: the same resampled people
     for both, a percentile interval and a two-sided bootstrap p-value, Holm over the items."""
     from scipy.stats import spearmanr
-    from statsmodels.stats.multitest import multipletests
 
     from agents.runs import valid_lines
 
@@ -798,11 +806,9 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
     for k in range(len(runs)):
         holm({name: out["items"][name][k] for name in QUESTIONNAIRE})
     for k in range(1, len(runs)):  # Holm over the items, per pair of backbones
-        tested = [key for key, v in out["differences"].items() if v.get("pair") == k and "p" in v]
-        if tested:
-            adjusted = multipletests([out["differences"][t]["p"] for t in tested], method="holm")[1]
-            for key, p in zip(tested, adjusted, strict=True):
-                out["differences"][key]["p_holm"] = float(p)
+        holm_rows(
+            [v for v in out["differences"].values() if v.get("pair") == k], lambda v: v.get("p"), "p_holm"
+        )
     return out
 
 
@@ -851,7 +857,6 @@ def ladders(first: Path, second: Path, low: str = "random", high: str = "oracle"
     against ``low``; then the second backbone's gap minus the first's over the goals both rated (BCa
     interval, Wilcoxon signed-rank p, Holm over the ratings), and each run's unusable ratings."""
     from scipy.stats import wilcoxon
-    from statsmodels.stats.multitest import multipletests
 
     def gaps(run: Path) -> dict[str, dict[int, float]]:
         per: dict[tuple[str, str, int], list[float]] = {}
@@ -904,11 +909,7 @@ def ladders(first: Path, second: Path, low: str = "random", high: str = "oracle"
         if len(diff) >= 2 and any(diff):
             row["p"] = float(wilcoxon(diff).pvalue)
         out["difference"][key] = row
-    tested = [k for k, v in out["difference"].items() if "p" in v]
-    if tested:
-        adjusted = multipletests([out["difference"][k]["p"] for k in tested], method="holm")[1]
-        for k, p in zip(tested, adjusted, strict=True):
-            out["difference"][k]["p_holm"] = float(p)
+    holm_rows(out["difference"].values(), lambda v: v.get("p"), "p_holm")
     return out
 
 
