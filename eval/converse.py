@@ -517,6 +517,15 @@ def bootstrap_p(draws: np.ndarray) -> float:
     return float(min(1.0, 2 * min(below, above)))
 
 
+def item_agreement(simulated, real, people, rng: np.random.Generator, resamples: int = 2000) -> dict:
+    """One questionnaire item: the simulator's answers against the people's (``clustered_correlation``
+    by person) with both means (None without answers)."""
+    row = clustered_correlation(simulated, real, people, rng, resamples)
+    row["simulated_mean"] = round(float(np.mean(simulated)), 3) if len(simulated) else None
+    row["real_mean"] = round(float(np.mean(real)), 3) if len(real) else None
+    return row
+
+
 def holm(correlations: dict) -> dict:
     """Adds ``spearman_p_holm`` to every correlation of one table that has a p-value (Holm's step-down
     correction over the table's tests, statsmodels' multipletests) and returns the table: the
@@ -665,17 +674,12 @@ def replay_check(
         results["questionnaire"] = {}
         for name in QUESTIONNAIRE:
             keep = [i for i, a in enumerate(answers) if a is not None and not np.isnan(truth[name][i])]
-            row = clustered_correlation(
+            results["questionnaire"][name] = item_agreement(
                 [answers[i][name] for i in keep],
                 [truth[name][i] for i in keep],
                 [convs[i].persona for i in keep],
                 rng,
             )
-            row["simulated_mean"] = (
-                round(float(np.mean([answers[i][name] for i in keep])), 3) if keep else None
-            )
-            row["real_mean"] = round(float(np.mean([truth[name][i] for i in keep])), 3) if keep else None
-            results["questionnaire"][name] = row
         holm(results["questionnaire"])
         # the ranking of the assistant models by questionnaire means is not possible: the data does not
         # say which model answered each conversation
@@ -755,17 +759,15 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
         per_run = []
         for rows in answered:
             keep = [f for f, a in rows.items() if a is not None and real[f] is not None]
-            row = clustered_correlation(
-                [rows[f][name] for f in keep],
-                [real[f] for f in keep],
-                [truth[f][0] for f in keep],
-                rng,
-                resamples,
+            per_run.append(
+                item_agreement(
+                    [rows[f][name] for f in keep],
+                    [real[f] for f in keep],
+                    [truth[f][0] for f in keep],
+                    rng,
+                    resamples,
+                )
             )
-            if keep:
-                row["simulated_mean"] = round(float(np.mean([rows[f][name] for f in keep])), 3)
-                row["real_mean"] = round(float(np.mean([real[f] for f in keep])), 3)
-            per_run.append(row)
         out["items"][name] = per_run
         first = answered[0]
         for k, rows in enumerate(answered[1:], start=1):
@@ -823,7 +825,7 @@ def agreement_table(result: dict) -> str:
             r = rows[k]
             if "spearman" not in r:
                 lines.append(
-                    f"| {run} | {name} | {r['n']} | {r['note']} | | {r.get('simulated_mean', '')} | {r.get('real_mean', '')} |"
+                    f"| {run} | {name} | {r['n']} | {r['note']} | | {r['simulated_mean'] if r['simulated_mean'] is not None else ''} | {r['real_mean'] if r['real_mean'] is not None else ''} |"
                 )
                 continue
             ci = r["spearman_ci95"] and f" [{r['spearman_ci95'][0]:+.3f}, {r['spearman_ci95'][1]:+.3f}]"
