@@ -208,7 +208,8 @@ def predict_agent(cases, data, config, backend, embed, rng, counts, validation=(
         rater.validate(rows, data, embed, model, rng)
     counts.update(rater.counts)
     counts["llm_validation_rows"] = len(rows)
-    counts["blend_chosen_with_all_validation"] = rater.model.report.get("blend_chosen_with_all_validation")
+    groups = rater.model.report.get("blend_groups") or {}
+    counts["blend_chosen_with_all_validation"] = {g: r["chosen_with_all_validation"] for g, r in groups.items()}
     out = []
     for agent, case in zip(agents, cases, strict=True):
         films = [m for m, _ in case["held"]]

@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from agents.review.stars import DEFAULT, History, PrequentialChoice, StarModel
+from agents.review.stars import BASELINE, History, PrequentialChoice, StarModel
 
 # (review_id, user, item, ts, stars)
 SMALL = [("r1", "u1", "i1", 1, 4.0), ("r2", "u1", "i2", 2, 2.0), ("r3", "u2", "i1", 3, 5.0)]
@@ -133,12 +133,32 @@ def test_star_model_predicts_at_each_task_moment_and_reports_its_choice():
     )
     model = StarModel(ratings, min_validation=30)
     assert model.report["validation_reviews"] == 760  # every rating whose user has an older one
+    groups = model.report["groups"]
+    assert groups["new_item"]["validation_reviews"] + groups["item_with_history"]["validation_reviews"] == 760
     stars, names = model.predict(["u1", "u25", "u1"], ["i1", "i1", "i1"], [10, 799, 800])
-    assert names[0] == DEFAULT  # at t=10 fewer than 30 validation rows are older
-    assert names[1] != DEFAULT and all(1 <= s <= 5 for s in stars)
-    # users 20-39 rate one star higher: a user-aware candidate wins on validation
-    assert model.report["chosen_with_all_validation"].startswith(("user_", "bias_"))
+    assert names[0] == BASELINE  # at t=10 fewer than 30 validation rows of its group are older
+    assert all(1 <= s <= 5 for s in stars)
     assert stars[1] > stars[2] - 0.01  # u25 (high rater) is predicted at least as high as u1
+
+
+def test_the_median_stays_unless_a_candidate_beats_it_by_a_margin_in_the_tasks_group():
+    """Each user rates their own whole number of stars, except that item i0 gets two more: a median
+    cannot see that, Koren's baseline can. With item history the baseline beats the median by a wide
+    margin and is chosen; for a new item nothing beats the user's median (it is exact there), so it stays."""
+    rng = random.Random(3)
+    rows = []
+    for k in range(1700):
+        item = rng.randrange(10) if k < 1500 else 10 + k  # from k=1500 on every item is new
+        stars = 2 + k % 3 + 2 * (item == 0)  # users u0, u3, ... rate 2; i0 two stars more
+        rows.append((f"r{k}", f"u{k % 30}", f"i{item}", k, float(min(stars, 5))))
+    model = StarModel(rows, min_validation=30)
+    groups = model.report["groups"]
+    assert groups["item_with_history"]["chosen_with_all_validation"].startswith("bias_")
+    assert groups["new_item"]["validation_reviews"] == 200  # i0-i9 first rated before users repeat
+    assert groups["new_item"]["chosen_with_all_validation"] == BASELINE
+    stars, names = model.predict(["u1", "u1"], ["i0", "i9999"], [1700, 1700])
+    assert names[0].startswith("bias_") and stars[0] > 3.5  # u1 rates 3; i0 two more
+    assert names[1] == BASELINE and stars[1] == 3.0
 
 
 def test_blends_with_llm_stars_only_where_validation_says_so():

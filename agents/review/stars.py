@@ -20,23 +20,24 @@ All of these are time-ordered cumulative sums, so "as of t" is one binary search
 of tasks at different moments costs microseconds each, and the whole model over millions of ratings is
 built in seconds (bench/README.md).
 
-**Validation, without the future.** Every visible review whose user has an older visible review is a
-validation row, predicted at its own time exactly as a task would be. For a task at t, the candidate
-with the lowest mean error over the validation rows strictly older than t is used (a prequential
-choice); with fewer than ``min_validation`` such rows the ``DEFAULT`` candidate is used. So adding
-reviews after t (a flood of later 1-star reviews) changes nothing that a prediction at t uses.
+**Validation, without the future, per group.** Every visible review whose user has an older visible
+review is a validation row, predicted at its own time exactly as a task would be. Rows fall in two
+groups, as tasks do: a *new item* (no rating of the item older than the row) and an *item with
+history*; each group has its own choice, so the choice for a task about a new item is made on rows
+about new items, whatever mix of the two the validation has. The user's median (``BASELINE``, what
+the nearest-centroid baseline predicts) is kept unless another candidate beats it on the group's
+validation rows strictly older than the task by a paired margin: the one with the lowest mean error
+among those whose paired gain over the median has a one-sided lower bound above zero (normal
+approximation, Bonferroni over the other 17 candidates, ``STAR_Z``); with fewer than
+``min_validation`` such rows, the median. So adding reviews after t (a flood of later 1-star reviews)
+changes nothing that a prediction at t uses, and a lower mean error on a handful of rows is not enough.
 
-**LLM blends** (the tuned agent): the LLM's stars for some validation rows (``set_llm_validation``)
-make blends ``w * model + (1 - w) * LLM`` (w in 0, 1/4, 1/2, 3/4; raw and rounded) compete against the
-model alone on those rows, again only on rows older than the task. A blend is used only where validation
-says so: its paired gain over the model alone on those rows has a one-sided lower bound above zero
-(normal approximation, Bonferroni over the 8 blends, ``BLEND_Z``); a lower mean error on a handful of
-rows is not enough.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import norm
 
 Rating = tuple[
     str, str, str, int, float
@@ -45,10 +46,13 @@ Rating = tuple[
 USER_SHRINK = (0.0, 1.0, 3.0, 10.0)
 BIAS_STRENGTH = (1.0, 5.0, 20.0)
 BLEND_WEIGHTS = (0.0, 0.25, 0.5, 0.75)  # weight of the model; 0 = the LLM's stars alone
-DEFAULT = "user_mean_shrink3"  # used while too few validation rows precede a task
+BASELINE = "user_median"  # kept unless a candidate beats it by a paired margin on validation
+GROUPS = ("new_item", "item_with_history")  # as eval.review counts tasks: whether the item has an older rating
 EMPTY_PRIOR = 3.0  # mu before the first rating of the store
 SCALE = (1.0, 5.0)  # the review platforms' stars; MovieLens (the sandbox) rates 0.5-5
 BLEND_Z = 2.4977  # one-sided 95% with Bonferroni over the 8 blends: the normal quantile of 1 - 0.05/8
+CANDIDATES = 2 * (2 + len(USER_SHRINK) + len(BIAS_STRENGTH))  # History.candidates, raw and rounded
+STAR_Z = float(norm.isf(0.05 / (CANDIDATES - 1)))  # one-sided 95%, Bonferroni over the non-baseline ones
 
 
 def errors(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -130,6 +134,11 @@ class History:
         u = np.array([self.user_index.get(x, -1) for x in users], dtype=np.int64)
         i = np.array([self.item_index.get(x, -1) for x in items], dtype=np.int64)
         return u, i
+
+    def item_known(self, i: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """Per (item code, moment): whether the item has a rating strictly older than the moment."""
+        start, end = self.item.before(i, np.asarray(times, dtype=np.int64))
+        return end > start
 
     def candidates(self, u: np.ndarray, i: np.ndarray, times: np.ndarray) -> dict[str, np.ndarray]:
         """Every candidate's prediction for (user code, item code, moment) rows, using only the ratings
@@ -216,9 +225,44 @@ class PrequentialChoice:
         return {name: float(self.cumulative[-1, j] / n) for j, name in enumerate(self.names)}
 
 
+class GroupedChoice:
+    """One PrequentialChoice per group (GROUPS: new item, item with history), each over its own rows."""
+
+    def __init__(self, times, known, errors: dict[str, np.ndarray], minimum: int, fallback: str, z=None):
+        known = np.asarray(known, dtype=bool)
+        self.choices = {
+            group: PrequentialChoice(
+                np.asarray(times)[mask], {n: e[mask] for n, e in errors.items()}, minimum, fallback, z
+            )
+            for group, mask in zip(GROUPS, (~known, known), strict=True)
+        }
+
+    def choose(self, times: np.ndarray, known: np.ndarray) -> list[str]:
+        times, known = np.asarray(times), np.asarray(known, dtype=bool)
+        names = [""] * len(times)
+        for group, mask in zip(GROUPS, (~known, known), strict=True):
+            where = np.flatnonzero(mask)
+            for k, name in zip(where, self.choices[group].choose(times[where]), strict=True):
+                names[k] = name
+        return names
+
+    def report(self, end: int) -> dict:
+        """Per group: its validation rows, every option's score on all of them, the choice with all."""
+        return {
+            group: {
+                "validation_reviews": len(c.times),
+                "candidates_pe": dict(
+                    sorted(((n, round(1 - e, 4)) for n, e in c.mean_errors().items()), key=lambda kv: -kv[1])
+                ),
+                "chosen_with_all_validation": c.choose(np.array([end]))[0],
+            }
+            for group, c in self.choices.items()
+        }
+
+
 class StarModel:
     """Time-aware calibrated stars: ``predict`` for tasks, with the candidate chosen per task on the
-    validation rows older than it, and optionally blended with the LLM's stars."""
+    validation rows of its group older than it, and optionally blended with the LLM's stars."""
 
     def __init__(
         self,
@@ -245,19 +289,24 @@ class StarModel:
         truth = h.stars[rows]
         for name in predicted:  # in place: these arrays are large on a big store
             predicted[name] = errors(predicted[name], truth)
-        self.choice = PrequentialChoice(h.ts[rows], predicted, min_validation, DEFAULT)
+        known = h.item_known(h.i[rows], h.ts[rows])
+        self.choice = GroupedChoice(h.ts[rows], known, predicted, min_validation, BASELINE, STAR_Z)
         del predicted
-        self.blend: PrequentialChoice | None = None
+        self.blend: GroupedChoice | None = None
         self.min_blend = min_blend
-        scores = {n: round(1 - e, 4) for n, e in self.choice.mean_errors().items()}
         self.report = {
             "validation_reviews": len(rows),
-            "rule": f"per task: lowest error on the validation reviews older than it (>= {min_validation}, "
-            f"else {DEFAULT})",
-            "candidates_pe": dict(sorted(scores.items(), key=lambda kv: -kv[1])),
-            "chosen_with_all_validation": self.choice.choose(np.array([h.end]))[0],
+            "rule": f"per task, within its group (new item / item with history): {BASELINE} unless a "
+            f"candidate's paired gain over it on the group's validation reviews older than the task "
+            f"(>= {min_validation} of them) has a one-sided lower bound above zero ({STAR_Z:.4f} standard "
+            f"errors: 95%, Bonferroni over {CANDIDATES - 1}); then the lowest error among those",
+            "groups": self.choice.report(h.end),
             "llm_validation_stars": 0,
         }
+
+    def choose(self, u: np.ndarray, i: np.ndarray, times: np.ndarray) -> list[str]:
+        """The candidate for each (user code, item code, moment), by the rule of its group."""
+        return self.choice.choose(times, self.history.item_known(i, times))
 
     def set_llm_validation(self, answers: dict[str, float]) -> None:
         """The LLM's stars for some validation reviews (review_id -> stars): blends compete from now on."""
@@ -269,7 +318,7 @@ class StarModel:
         rows = self.validation_rows[keep]
         times, truth = h.ts[rows], h.stars[rows]
         llm = np.array([answers[str(h.review_ids[r])] for r in rows])
-        chosen = self.choice.choose(times)  # the model as it stood at each row's own time
+        chosen = self.choose(h.u[rows], h.i[rows], times)  # the model as it stood at each row's own time
         predicted = h.candidates(h.u[rows], h.i[rows], times)
         model = np.array([predicted[c][k] for k, c in enumerate(chosen)])
         options = {"model": errors(model, truth)}
@@ -277,14 +326,14 @@ class StarModel:
             blended = w * model + (1 - w) * llm
             options[f"blend_{w:g}"] = errors(blended, truth)
             options[f"blend_{w:g}_rounded"] = errors(np.rint(blended), truth)
-        self.blend = PrequentialChoice(times, options, self.min_blend, "model", z=BLEND_Z)
+        known = h.item_known(h.i[rows], times)
+        self.blend = GroupedChoice(times, known, options, self.min_blend, "model", z=BLEND_Z)
         self.report["blend_rule"] = (
-            f"per task: a blend only where its paired gain over the model alone on the LLM-answered "
-            f"validation reviews older than the task (>= {self.min_blend} of them) exceeds {BLEND_Z} "
-            "standard errors (one-sided 95%, Bonferroni over 8 blends)"
+            f"per task, within its group: a blend only where its paired gain over the model alone on the "
+            f"group's LLM-answered validation reviews older than the task (>= {self.min_blend} of them) "
+            f"exceeds {BLEND_Z} standard errors (one-sided 95%, Bonferroni over 8 blends)"
         )
-        self.report["blend_chosen_with_all_validation"] = self.blend.choose(np.array([h.end]))[0]
-        self.report["blend_candidates_pe"] = {n: round(1 - e, 4) for n, e in self.blend.mean_errors().items()}
+        self.report["blend_groups"] = self.blend.report(h.end)
 
     def predict(
         self,
@@ -298,10 +347,11 @@ class StarModel:
         u, i = h.codes(users, items)
         t = np.asarray(times, dtype=np.int64)
         predicted = h.candidates(u, i, t)
-        names = self.choice.choose(t)
+        known = h.item_known(i, t)
+        names = self.choice.choose(t, known)
         values = np.array([predicted[n][k] for k, n in enumerate(names)])
         if self.blend is not None and llm_stars is not None:
-            for k, option in enumerate(self.blend.choose(t)):
+            for k, option in enumerate(self.blend.choose(t, known)):
                 if option != "model" and llm_stars[k] is not None:
                     w = float(option.split("_")[1])
                     blended = w * values[k] + (1 - w) * llm_stars[k]
