@@ -100,6 +100,13 @@ class Retriever:
         scores = self.embed([r["text"] for r in candidates]) @ centroid
         return [candidates[i] for i in top_indices(scores, k)]
 
+    def centroid_review(self, history: list[dict], item_reviews: list[dict]) -> dict | None:
+        """What the nearest-centroid baseline writes (eval.baselines): the item's review nearest the
+        centroid of the user's reviews; for an item with no review, the user's own review nearest it
+        (ties: the earlier in the list, i.e. the older); None without a user history."""
+        best = self.nearest_centroid(history, item_reviews or history, 1)
+        return best[0] if best else None
+
     def rank_many(self, requests: list[tuple[str, list[dict], int]]) -> list[list[dict]]:
         """``rank`` for each (query, reviews, k), with all new texts encoded together first."""
         if self.encoder is not None:

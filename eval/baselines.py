@@ -111,7 +111,7 @@ def nearest_centroid(todo: list[tuple[dict, list[dict], list[dict]]], encoder, c
     counts.setdefault("no_item_review", 0)
     for row, history, pool in todo:
         counts["no_item_review"] += not pool
-        (best,) = retriever.nearest_centroid(history, pool or history, 1)  # ties: the older (oldest first)
+        best = retriever.centroid_review(history, pool)  # what selection: mbr always has in its pool
         row.update(stars=float(np.median([r["stars"] for r in history])), review=best["text"])
 
 

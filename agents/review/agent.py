@@ -36,8 +36,8 @@ from tqdm import tqdm
 
 from agents.llm import Constraint, LLMConfig, Sampling, load_llm
 from agents.retrieval import Retriever
-from agents.review.select import POOLS, SentimentByStars, choose
-from agents.review.stars import StarModel
+from agents.review.select import CHOICES, SentimentByStars, choose, read_rule
+from agents.review.stars import GROUPS, StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
 
 KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
@@ -50,6 +50,7 @@ MBR_FIELDS = (
     "candidates_item",
     "pool",
     "sentiment_weight",
+    "selection_rule",
 )
 VISIBILITY = ("time-aware", "official")
 # Per task: first answers, unusable ones, retries (and those that worked), fallbacks, answers cut at
@@ -126,9 +127,19 @@ class AgentConfig:
     candidates_item: int = field(
         default=0, metadata={"help": "mbr: the item's reviews nearest the centroid of the user's reviews"}
     )
-    pool: str = field(default="both", metadata={"help": "mbr: generated, retrieved or both"})
+    pool: str = field(
+        default="both",
+        metadata={"help": f"mbr: the sources a review is chosen from, one of {', '.join(CHOICES)}"},
+    )
     sentiment_weight: float = field(
         default=1.0, metadata={"help": "mbr: weight of the sentiment stand-in against the topic one"}
+    )
+    selection_rule: str | None = field(
+        default=None,
+        metadata={
+            "help": "mbr: a JSON file of eval.selection (the pool and weight per group, new item or item "
+            "with history, chosen on validation tasks); overrides pool and sentiment_weight"
+        },
     )
     agent: str | None = field(
         default=None,
@@ -157,6 +168,7 @@ class Prediction:
     counts: Counter = field(default_factory=Counter)  # this task's counts (COUNTS); a run sums them
     candidates: list[dict] | None = None  # mbr: the pool [{text, source, vader}]; the review is one of them
     chosen: int | None = None  # mbr: the index of the chosen candidate
+    selection: str | None = None  # mbr with a selection_rule: the task's group and what it chose with
 
 
 @dataclass
@@ -202,8 +214,11 @@ class ReviewAgent:
             raise ValueError(f"unknown visibility {config.visibility!r}: one of {VISIBILITY}")
         if config.item_candidates < 1:
             raise ValueError("item_candidates must be at least 1")
-        if config.selection not in ("answer", "mbr") or config.pool not in POOLS:
-            raise ValueError(f"selection is answer or mbr, pool one of {tuple(POOLS)}")
+        if config.selection not in ("answer", "mbr") or config.pool not in CHOICES:
+            raise ValueError(f"selection is answer or mbr, pool one of {CHOICES}")
+        if config.selection_rule and config.selection != "mbr":
+            raise ValueError("selection_rule is for selection: mbr")
+        self.selection_rule = read_rule(config.selection_rule) if config.selection_rule else None
         if config.selection == "mbr" and encoder is None:
             raise ValueError("selection: mbr needs the embedding retrieval")
         if (
@@ -282,11 +297,11 @@ class ReviewAgent:
             before = self.before(task)
             user, item = self.store.get_user(task["user_id"]), self.store.get_item(task["item_id"])
             history = self.store.get_reviews(user_id=task["user_id"], before=before)
-            item_pool = self.store.get_reviews(item_id=task["item_id"], before=before)
-            item_pool = item_pool[-self.config.item_candidates :]  # the most recent ones
+            item_all = self.store.get_reviews(item_id=task["item_id"], before=before)
+            item_pool = item_all[-self.config.item_candidates :]  # the most recent ones
             item_text = describe_item(item)
             style = " ".join(r["text"] for r in history[-3:]) or item_text
-            ctx = {"user": user, "item": item, "history": history, "item_pool": item_pool}
+            ctx = {"user": user, "item": item, "history": history, "item_pool": item_pool, "item_all": item_all}
             ctx["item_text"] = item_text
             contexts.append(ctx)
             if self.config.kind == "stats":  # only the fallback review is needed
@@ -398,17 +413,39 @@ class ReviewAgent:
         ]
         return kept, cut
 
-    def retrieved(self, ctx: dict) -> list[tuple[str, str]]:
+    def retrieved(self, ctx: dict) -> tuple[list[tuple[str, str]], int | None]:
         """Real candidates: the user's own reviews most similar to the item, then the item's reviews
-        nearest the centroid of the user's reviews (none without a user history)."""
+        nearest the centroid of the user's reviews (none without a user history); and the position of
+        the nearest-centroid baseline's review among them, appended when it is not one of them already
+        (for a new item it is the user's own review nearest their centroid), so every pool can choose it."""
         user = self.retriever.rank(ctx["item_text"], ctx["history"], self.config.candidates_user)
         item = self.retriever.nearest_centroid(ctx["history"], ctx["item_pool"], self.config.candidates_item)
-        return [(r["text"], "user") for r in user] + [(r["text"], "item") for r in item]
+        pool = [(r["text"], "user") for r in user] + [(r["text"], "item") for r in item]
+        best = self.retriever.centroid_review(ctx["history"], ctx["item_all"])
+        if best is None:
+            return pool, None
+        baseline = (best["text"], "item" if ctx["item_all"] else "user")
+        if baseline in pool:
+            return pool, pool.index(baseline)
+        return [*pool, baseline], len(pool)
+
+    def group(self, ctx: dict) -> str:
+        """The task's group for its selection rule (as the star model groups): does the item have a
+        visible review older than the moment."""
+        return GROUPS[bool(ctx["item_all"])]
+
+    def rule(self, ctx: dict) -> tuple[str, float]:
+        """The pool and sentiment weight this task is chosen with: its group's in ``selection_rule``,
+        else the config's."""
+        if self.selection_rule is None:
+            return self.config.pool, self.config.sentiment_weight
+        chosen = self.selection_rule["groups"][self.group(ctx)]
+        return chosen["pool"], chosen.get("sentiment_weight", 0.0)
 
     def select(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:
         """Give each prediction its pool and the review of least risk among the configured sources."""
         samples, cut = self.sample(contexts)
-        pools = []
+        pools, centroids = [], []
         for ctx, p, drawn, n_cut in zip(contexts, predictions, samples, cut, strict=True):
             p.counts["unusable_samples"] += self.config.samples - len(drawn)
             p.counts["samples_cut_short"] += n_cut
@@ -416,21 +453,27 @@ class ReviewAgent:
             # stats agent (no LLM) has no answer: its pool is the retrieved reviews
             first = "fallback" if p.counts["retrieved_fallback_review"] else "llm"
             answer = [] if p.source == "stats" else [(p.review, first)]
-            pool = [*answer, *((s, "sample") for s in drawn), *self.retrieved(ctx)]
+            real, centroid = self.retrieved(ctx)
+            pool = [*answer, *((s, "sample") for s in drawn), *real]
+            centroids.append(None if centroid is None else len(pool) - len(real) + centroid)
             pools.append(pool or [(p.review, "fallback")])  # nothing retrieved: its fallback review
         texts = [t for pool in pools for t, _ in pool]
         vectors = self.retriever.embed(texts)
         compounds = np.round(self.vader(texts), 4)  # as kept in the pool, so re-choosing offline agrees
         at = 0
-        for task, p, pool in zip(tasks, predictions, pools, strict=True):
+        for task, ctx, p, pool, centroid in zip(tasks, contexts, predictions, pools, centroids, strict=True):
             v, c = vectors[at : at + len(pool)], compounds[at : at + len(pool)]
             at += len(pool)
             p.candidates = [
                 {"text": t, "source": s, "vader": float(x)} for (t, s), x in zip(pool, c, strict=True)
             ]
+            if centroid is not None:
+                p.candidates[centroid]["centroid"] = True  # the nearest-centroid baseline's review
             target = self.sentiment.expected(p.stars, self.before(task))
             sources = [s for _, s in pool]
-            p.chosen = choose(sources, v, c, target, self.config.sentiment_weight, self.config.pool)
+            pool_name, weight = self.rule(ctx)
+            p.selection = f"{self.group(ctx)}: {pool_name} w{weight:g}" if self.selection_rule else None
+            p.chosen = choose(sources, v, c, target, weight, pool_name, centroid)
             if p.chosen is None:  # e.g. retrieved only, for a user with no history: the LLM's answer
                 p.counts["empty_pool"] += 1
                 p.chosen = 0

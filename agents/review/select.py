@@ -18,15 +18,24 @@ A pool names the sources a review may be chosen from and the sources that serve 
 chooses a real review judged against every candidate (the LLM's texts only as evidence), and
 ``generated-vs-all`` a generated one judged against every candidate. ``answer`` is the agent's own
 answer (the LLM's greedy one, or the retrieved review that stood in for it): the agent without selection,
-so one MBR run also scores the plain tuned agent.
+so one MBR run also scores the plain tuned agent. ``centroid`` is no MBR at all: the nearest-centroid
+baseline's review (eval.baselines), which every pool holds and marks (``"centroid": true``), so a rule
+chosen on validation can always keep the strongest model-free text (eval.selection).
+
+A selection rule (eval.selection writes it, ``selection_rule:`` in an agent config reads it) gives
+each group of tasks, ``new_item`` and ``item_with_history``, its own pool and sentiment weight.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
+
+from agents.review.stars import GROUPS
 
 # fallback: a retrieved review standing in for an LLM answer that had no text (a real review)
 SOURCES = ("llm", "sample", "user", "item", "fallback")
@@ -41,6 +50,21 @@ POOLS = {
     "generated-vs-all": (GENERATED, SOURCES),
     "answer": (("llm", "fallback"), ("llm", "fallback")),
 }
+
+CENTROID = "centroid"  # the nearest-centroid baseline's review, without MBR
+CHOICES = (*POOLS, CENTROID)
+
+
+def read_rule(path: str | Path) -> dict:
+    """A selection rule (eval.selection), checked: every group with a known pool and a weight >= 0."""
+    rule = json.loads(Path(path).read_text())
+    groups = rule.get("groups") if isinstance(rule, dict) else None
+    if not isinstance(groups, dict) or set(groups) != set(GROUPS):
+        raise ValueError(f"{path}: a selection rule needs groups {GROUPS}")
+    for name, chosen in groups.items():
+        if chosen.get("pool") not in CHOICES or not 0 <= float(chosen.get("sentiment_weight", 0)):
+            raise ValueError(f"{path}: group {name} needs a pool in {CHOICES} and a weight >= 0, got {chosen}")
+    return rule
 
 
 def mbr_index(
@@ -72,8 +96,12 @@ def choose(
     target: float,
     weight: float,
     pool: str,
+    centroid: int | None = None,
 ) -> int | None:
-    """The index of the chosen candidate under ``pool`` (POOLS); None when none may be chosen."""
+    """The index of the chosen candidate under ``pool`` (CHOICES); None when none may be chosen.
+    ``centroid``: the position of the nearest-centroid baseline's review (the ``centroid`` pool)."""
+    if pool == CENTROID:
+        return centroid
     allowed, references = POOLS[pool]
     rows = [i for i, s in enumerate(sources) if s in allowed or s in references]
     pick = [k for k, i in enumerate(rows) if sources[i] in allowed]
@@ -117,6 +145,11 @@ class SentimentByStars:
         return 0.0
 
 
+def centroid_of(row: dict) -> int | None:
+    """The position of the nearest-centroid baseline's review in a prediction's pool (None: no history)."""
+    return next((k for k, c in enumerate(row["candidates"]) if c.get("centroid")), None)
+
+
 def reselect(
     rows: list[dict], vectors: dict[str, np.ndarray], targets: list[float], pool: str, sentiment_weight: float
 ) -> list[dict]:
@@ -130,7 +163,7 @@ def reselect(
         new = {k: v for k, v in row.items() if k not in ("candidates", "chosen", "chosen_source")}
         v = np.stack([vectors[c["text"]] for c in candidates])
         s = np.array([c["vader"] for c in candidates])
-        chosen = choose([c["source"] for c in candidates], v, s, target, sentiment_weight, pool)
+        chosen = choose([c["source"] for c in candidates], v, s, target, sentiment_weight, pool, centroid_of(row))
         if chosen is None:
             chosen, new["empty_pool"] = 0, True
         new.update(

@@ -127,11 +127,15 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
         agent.pop("agent_timeout_s")
     if agent_config.selection == "answer":  # the pool's settings decide nothing then
         agent = {k: v for k, v in agent.items() if k not in (*MBR_FIELDS, "selection")}
+    agent.pop("selection_rule", None)  # by its contents (below), not its path
     return {
         "agent": agent,
         "llm": {k: v for k, v in keep(llm_config).items() if k != "adapter"} if uses_llm else None,
         "adapter": fingerprint.adapter_digest(llm_config.adapter) if uses_llm else None,
         "tasks": fingerprint.task_folder_digest(args.tasks),
+        "selection_rule": fingerprint.digest_files([Path(agent_config.selection_rule)])
+        if agent_config.selection_rule
+        else None,
         "store": hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest(),
         "shard": args.shard,
         **({"plugin": plugin(agent_config)} if agent_config.agent else {}),
@@ -191,6 +195,7 @@ def summarise(out: Path, tasks: list[dict], done: dict[int, dict], extra: dict) 
         "answers_by_source": Counter(row.get("source") for row in rows),
         "star_models_used": Counter(row.get("star_model") or "the LLM's own" for row in rows),
         "reviews_chosen_from": Counter(row["chosen_source"] for row in rows if "chosen_source" in row),
+        "selections_used": Counter(row["selection"] for row in rows if row.get("selection")),
         "counts": dict(counts),
         "invocations": len(invocations),
         "seconds_loading": round(sum(i["seconds_loading"] for i in invocations), 1),
@@ -220,6 +225,8 @@ def prediction_row(p, seconds: float) -> dict:
     if p.candidates is not None:  # selection: mbr
         row["candidates"], row["chosen"] = p.candidates, p.chosen
         row["chosen_source"] = p.candidates[p.chosen]["source"]
+        if p.selection:
+            row["selection"] = p.selection
     return row
 
 
@@ -251,6 +258,9 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
         "ran_now": len(todo),
         "retrieval": agent_config.retrieval,
         "plugin": official.plugin_record(agent_config.agent) if agent_config.agent else None,
+        "selection_rule": json.loads(Path(agent_config.selection_rule).read_text())
+        if agent_config.selection_rule
+        else None,
         "adapter_training_data": adapter_postdates(llm_config.adapter, tasks, store) if uses_llm else None,
     }
     summary = summarise(out, tasks, done, extra)
