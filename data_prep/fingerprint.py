@@ -34,10 +34,10 @@ def digest_files(paths: list[Path], root: Path | None = None) -> str:
 
 
 def task_folder_digest(task_dir: str | Path) -> str:
-    """The tasks an agent reads: task files and targets.jsonl (not the ground truth, not the manifest,
-    whose provenance has a timestamp)."""
+    """The tasks an agent reads: task files, targets.jsonl and blocked_pairs.json (not the ground truth,
+    not the manifest, whose provenance has a timestamp)."""
     root = Path(task_dir)
-    files = [*root.glob("tasks/task_*.json"), *root.glob("targets.jsonl")]
+    files = [*root.glob("tasks/task_*.json"), *root.glob("targets.jsonl"), *root.glob("blocked_pairs.json")]
     if not files:
         raise FileNotFoundError(f"no task files in {root}")
     return digest_files(files, root)

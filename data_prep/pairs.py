@@ -9,7 +9,9 @@ strictly older reviews becomes one example: the prompt (data_prep.prompt.build_m
 user's latest --k-user reviews and the item's latest --k-item reviews, all strictly older than the
 target; the completion is ``stars: S\\nreview: TEXT``. Examples are split into train and validation by
 user (no user is in both). With a temporal task folder, only reviews older than its cutoff become
-targets (--before sets another moment), so no adapter learns from the test period.
+targets (--before sets another moment), so no adapter learns from the test period. A validation folder
+(data_prep.split --validation-for) as --tasks blocks its own pairs and those of the tasks it was drawn
+for, and keeps their cutoff: an adapter trained so has seen neither.
 
 Writes PAIRS_DIR/dataset (a datasets.DatasetDict, conversational prompt/completion plus metadata),
 train.jsonl, validation.jsonl, card.json and README.md (counts, token-length percentiles, how it was
@@ -166,7 +168,9 @@ def main(argv: list[str] | None = None) -> dict:
     for data, tasks in zip(args.data, args.tasks, strict=True):
         manifest_path = tasks / "manifest.json"
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-        before = args.before or (manifest.get("cutoff") if manifest.get("strategy") == "temporal" else None)
+        # a temporal folder's cutoff, or that of the tasks a validation folder was drawn for
+        test_period = manifest.get("strategy") in ("temporal", "validation")
+        before = args.before or (manifest.get("cutoff") if test_period else None)
         store = ReviewStore.open(data, tasks=tasks)
         if len(args.data) > 1:
             users = {r[1] for r in store.visible_ratings()} | {t["user_id"] for t in read_tasks(tasks)}

@@ -11,10 +11,22 @@
         --cutoff latest:100 --min-history 2
     # official task folders: keep their (user, item) pairs, take the targets from the store
     python -m data_prep.split --data data/yelp --out runs/tasks/official --import-official example/track1/yelp
+    # validation tasks like a task folder's, from before it: each task user's latest earlier review
+    python -m data_prep.split --data runs/data/yelp --out runs/tasks/yelp_val --validation-for runs/tasks/yelp \
+        --min-history 2
 
 Besides tasks/ and groundtruth/, writes ``targets.jsonl`` (each task's review_id and time, which is
 what "strictly older than the target" means for retrieval and training pairs) and ``manifest.json``
 (strategy, seed, counts, the hash of the source data, the command).
+
+``--validation-for TASKS`` draws validation tasks for choosing settings (eval.selection) the way TASKS
+were drawn, from before them: for each user of TASKS, their latest review strictly older than their
+earliest task (leave-last-out) or than the cutoff (temporal), of an item that is none of their tasks',
+with at least --min-history older visible reviews. TASKS's pairs are hidden from the validation folder
+as its own are (blocked_pairs.json), and its manifest keeps TASKS's cutoff, so training pairs built
+with it as --tasks (data_prep.pairs) keep out both folders' targets and the test period. Both folders'
+manifests count the tasks whose item has no older visible review ("new items"), which eval.selection
+and the star model treat as their own group.
 
 The official example ground truth is written by an LLM, not by the users: an import never copies it.
 Deterministic: the same store, options and seed give the same tasks.
@@ -31,7 +43,7 @@ from pathlib import Path
 from data_prep.provenance import provenance
 from data_prep.schema import format_utc
 from data_prep.store import ReviewStore
-from data_prep.tasks import read_tasks, write_tasks
+from data_prep.tasks import read_targets, read_tasks, write_tasks
 
 # A candidate target with the number of the user's reviews strictly older than it on other items.
 _HISTORY = """
@@ -117,6 +129,50 @@ def latest_cutoff(store: ReviewStore, at_least: int, min_history: int, points: i
     return low * day
 
 
+LATEST_BEFORE = """
+SELECT r.review_id, r.user_id, r.item_id, r.ts, r.stars, r.data FROM reviews r
+WHERE r.user_id = :user AND r.ts < :before
+  AND NOT EXISTS (SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)
+ORDER BY r.ts DESC, r.review_id DESC LIMIT 1
+"""
+# visible reviews older than the validation target on other items (its own pair is blocked too)
+HISTORY_BEFORE = """
+SELECT COUNT(*) FROM reviews r WHERE r.user_id = :user AND r.ts < :ts AND r.item_id != :item
+  AND NOT EXISTS (SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)
+"""
+
+
+def validation_candidates(store: ReviewStore, task_dir: Path) -> list[dict]:
+    """Per user of ``task_dir`` (whose pairs ``store`` blocks): their latest visible review strictly
+    older than their earliest task (a temporal folder: than its cutoff), with its history count."""
+    from data_prep.store import to_epoch
+
+    manifest = json.loads((task_dir / "manifest.json").read_text())
+    targets = read_targets(task_dir)
+    cutoff = to_epoch(manifest["cutoff"]) if manifest.get("strategy") == "temporal" else None
+    bound: dict[str, int] = {}
+    for task in read_tasks(task_dir):
+        if task["task_id"] not in targets:
+            raise SystemExit(f"error: {task_dir}/targets.jsonl has no time for task {task['task_id']}")
+        user, ts = task["user_id"], targets[task["task_id"]]["ts"]
+        bound[user] = min(bound.get(user, ts), ts if cutoff is None else cutoff)
+    out = []
+    for user, before in sorted(bound.items()):
+        row = store.conn.execute(LATEST_BEFORE, {"user": user, "before": before}).fetchone()
+        if row is None:
+            continue
+        history = store.conn.execute(HISTORY_BEFORE, {"user": user, "ts": row[3], "item": row[2]}).fetchone()[0]
+        out.append(_target((*row, history)))
+    return out
+
+
+def new_item_share(store: ReviewStore, targets: list[dict]) -> dict:
+    """How many targets' items have no visible review older than the target (eval.review's new items);
+    ``store`` must block the targets' own pairs."""
+    new = sum(not store.has_reviews(item_id=t["item_id"], before=t["ts"]) for t in targets)
+    return {"new_items": new, "new_item_share": round(new / len(targets), 4) if targets else None}
+
+
 def choose(targets: list[dict], max_tasks: int | None, seed: int) -> list[dict]:
     """A seeded shuffle, so any prefix of the tasks (an evaluator's --limit) is a random sample."""
     chosen = list(targets)
@@ -164,8 +220,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--import-official", type=Path, metavar="DIR", help="take the (user, item) pairs of DIR"
     )
+    parser.add_argument(
+        "--validation-for",
+        type=Path,
+        metavar="TASKS",
+        help="validation tasks drawn like TASKS, from before them (see above)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace the tasks already in --out")
     args = parser.parse_args(argv)
+    if args.validation_for and (args.import_official or args.cutoff or args.strategy != "leave-last-out"):
+        parser.error("--validation-for takes its strategy and cutoff from TASKS: give neither")
 
     if args.strategy == "temporal" and not args.cutoff and not args.import_official:
         parser.error("--strategy temporal needs --cutoff")
@@ -180,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
             for f in (args.out / sub).glob("*.json") if (args.out / sub).exists() else []:
                 f.unlink()
 
-    store = ReviewStore.open(args.data)
+    store = ReviewStore.open(args.data, tasks=args.validation_for)  # validation: the tasks' pairs hidden
     meta = store.meta()
     counts: dict[str, int] = {
         "reviews_in_store": store.conn.execute("SELECT COUNT(*) FROM reviews").fetchone()[0]
@@ -194,6 +258,18 @@ def main(argv: list[str] | None = None) -> dict:
                 f"warning: {len(unmatched)} official tasks have no review in the store; listed in manifest.json"
             )
         strategy = "import-official"
+    elif args.validation_for:
+        pool = validation_candidates(store, args.validation_for)
+        eligible = [t for t in pool if t["history"] >= args.min_history]
+        chosen = choose(eligible, args.max_tasks, args.seed)
+        counts.update(
+            task_users=len({t["user_id"] for t in read_tasks(args.validation_for)}),
+            candidates=len(pool),
+            eligible=len(eligible),
+            too_little_history=len(pool) - len(eligible),
+        )
+        strategy = "validation"
+        drawn_for = json.loads((args.validation_for / "manifest.json").read_text())
     else:
         cutoff = None
         if args.cutoff and args.cutoff.startswith("latest:"):
@@ -216,7 +292,12 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit("error: no task qualifies; lower --min-history or move --cutoff")
 
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "blocked_pairs.json").unlink(missing_ok=True)
+    if args.validation_for:
+        pairs = sorted({(t["user_id"], t["item_id"]) for t in read_tasks(args.validation_for)})
+        (args.out / "blocked_pairs.json").write_text(json.dumps([list(p) for p in pairs]))
     write_tasks(args.out, chosen)
+    counts.update(new_item_share(ReviewStore.open(args.data, tasks=args.out), chosen))
     with open(args.out / "targets.jsonl", "w") as f:
         for i, t in enumerate(chosen):
             row = {
@@ -237,9 +318,16 @@ def main(argv: list[str] | None = None) -> dict:
         "min_history": args.min_history,
         # the first moment of the test period (what data_prep.pairs keeps training before); a latest:N
         # request is resolved to its day here and kept as asked in cutoff_requested
-        "cutoff": counts.get("cutoff_chosen", args.cutoff),
+        "cutoff": drawn_for.get("cutoff") if args.validation_for else counts.get("cutoff_chosen", args.cutoff),
         "cutoff_requested": args.cutoff,
         "max_tasks": args.max_tasks,
+        "validation_for": {
+            "dir": str(args.validation_for),
+            "strategy": drawn_for.get("strategy"),
+            "users": counts["task_users"],
+        }
+        if args.validation_for
+        else None,
         "counts": counts,
         "data": {"dir": str(args.data), "source_sha256": meta.get("source_sha256")},
         "official_dir": str(args.import_official) if args.import_official else None,

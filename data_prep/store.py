@@ -186,10 +186,11 @@ class ReviewStore:
 
     @classmethod
     def open(cls, data_dir: str | Path, tasks: str | Path | None = None) -> ReviewStore:
-        """The store of a build folder, with the (user, item) pairs of a task folder blocked."""
-        from data_prep.tasks import read_tasks
+        """The store of a build folder, with the (user, item) pairs of a task folder blocked (a
+        validation folder's include the pairs of the tasks it was drawn for: blocked_pairs.json)."""
+        from data_prep.tasks import blocked_pairs
 
-        block = [(t["user_id"], t["item_id"]) for t in read_tasks(tasks)] if tasks else []
+        block = blocked_pairs(tasks) if tasks else []
         return cls(Path(data_dir) / STORE_FILE, block=block)
 
     def get_user(self, user_id: str) -> dict | None:

@@ -3,6 +3,8 @@
 TASK_DIR/tasks/task_{i}.json              {"type": "user_behavior_simulation", "user_id", "item_id"}
 TASK_DIR/groundtruth/groundtruth_{i}.json {"stars", "review"}
 TASK_DIR/manifest.json                    how they were made (ours, not part of the official layout)
+TASK_DIR/blocked_pairs.json               a validation folder's: the [user_id, item_id] pairs of the
+                                          tasks it was drawn for, hidden as its own are (ReviewStore.open)
 """
 
 from __future__ import annotations
@@ -65,3 +67,15 @@ def read_targets(task_dir: str | Path) -> dict[int, dict]:
         return {}
     rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
     return {row["task_id"]: row for row in rows}
+
+
+def blocked_pairs(task_dir: str | Path) -> list[tuple[str, str]]:
+    """Every (user, item) pair a task folder hides: its tasks' and those in blocked_pairs.json."""
+    pairs = [(t["user_id"], t["item_id"]) for t in read_tasks(task_dir)]
+    extra = Path(task_dir) / "blocked_pairs.json"
+    if extra.exists():
+        rows = json.loads(extra.read_text())
+        if not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r) for r in rows):
+            raise ValueError(f"{extra}: not a list of [user_id, item_id] pairs")
+        pairs += [tuple(r) for r in rows]
+    return pairs

@@ -51,7 +51,8 @@ def test_split_is_deterministic_under_a_seed(yelp, tmp_path):
     b = make_split(yelp, tmp_path / "b", "--min-history", 2, "--max-tasks", 30, "--seed", 7)
     c = make_split(yelp, tmp_path / "c", "--min-history", 2, "--max-tasks", 30, "--seed", 8)
     assert task_pairs(tmp_path / "a") == task_pairs(tmp_path / "b") != task_pairs(tmp_path / "c")
-    assert a["counts"] == b["counts"] == c["counts"]
+    pools = [{k: v for k, v in m["counts"].items() if not k.startswith("new_item")} for m in (a, b, c)]
+    assert a["counts"] == b["counts"] and pools[0] == pools[2]  # c drew other tasks from the same pool
     with pytest.raises(SystemExit, match="already holds tasks"):
         make_split(yelp, tmp_path / "a", "--min-history", 2)
 
@@ -182,3 +183,42 @@ def test_latest_cutoff_leaves_at_least_n_tasks_and_a_day_later_leaves_fewer(yelp
     assert all(read_targets(tmp_path)[t["task_id"]]["ts"] >= chosen for t in read_tasks(tmp_path))
     with pytest.raises(SystemExit, match="fewer than 100000 eligible targets"):
         make_split(yelp, tmp_path / "none", "--strategy", "temporal", "--cutoff", "latest:100000")
+
+
+@pytest.mark.parametrize("strategy", ["leave-last-out", "temporal"])
+def test_validation_tasks_are_drawn_like_the_tasks_from_before_them(yelp, tmp_path, strategy):
+    cut = ["--strategy", "temporal", "--cutoff", "2016-01-01"] if strategy == "temporal" else []
+    test = make_split(yelp, tmp_path / "tasks", *cut, "--min-history", 2, "--max-tasks", 60)
+    val = make_split(yelp, tmp_path / "val", "--validation-for", tmp_path / "tasks", "--min-history", 2)
+    everything = ReviewStore(yelp)
+    tests = {t["task_id"]: t for t in read_tasks(tmp_path / "tasks")}
+    test_targets = read_targets(tmp_path / "tasks")
+    earliest = {}
+    for task_id, task in tests.items():
+        user = task["user_id"]
+        earliest[user] = min(earliest.get(user, test_targets[task_id]["ts"]), test_targets[task_id]["ts"])
+    test_items = {(t["user_id"], t["item_id"]) for t in tests.values()}
+    targets = read_targets(tmp_path / "val")
+    assert 0 < len(targets) <= len(earliest) == val["validation_for"]["users"]
+    assert len({t["user_id"] for t in targets.values()}) == len(targets)  # one per task user
+    bound = to_epoch(test["cutoff"]) if strategy == "temporal" else None
+    for task in read_tasks(tmp_path / "val"):
+        target, user = targets[task["task_id"]], task["user_id"]
+        assert target["ts"] < (bound or earliest[user]) and (user, task["item_id"]) not in test_items
+        later = [
+            r
+            for r in everything.get_reviews(user_id=user, before=bound or earliest[user])
+            if to_epoch(r["date"]) > target["ts"] and (user, r["item_id"]) not in test_items
+        ]
+        assert later == []  # the user's latest review before the test period
+        assert target["history"] >= 2
+    assert val["cutoff"] == test["cutoff"] and val["strategy"] == "validation"
+    # the validation folder hides the tasks' targets as well as its own
+    blocked = ReviewStore.open(yelp, tasks=tmp_path / "val")
+    for t in [*test_targets.values(), *targets.values()]:
+        assert blocked.get_reviews(review_id=t["review_id"]) == []
+    assert blocked.blocked == len(test_items | {(t["user_id"], t["item_id"]) for t in targets.values()})
+    for manifest in (test, val):
+        assert 0 <= manifest["counts"]["new_items"] <= manifest["counts"]["tasks"]
+    with pytest.raises(SystemExit):
+        make_split(yelp, tmp_path / "bad", "--validation-for", tmp_path / "tasks", "--strategy", "temporal")
