@@ -20,9 +20,10 @@ what "strictly older than the target" means for retrieval and training pairs) an
 (strategy, seed, counts, the hash of the source data, the command).
 
 ``--validation-for TASKS`` draws validation tasks for choosing settings (eval.selection) the way TASKS
-were drawn, from before them: for each user of TASKS, their latest review strictly older than their
-earliest task (leave-last-out) or than the cutoff (temporal), of an item that is none of their tasks',
-with at least --min-history older visible reviews. TASKS's pairs are hidden from the validation folder
+were drawn, from before them. Leave-last-out TASKS: for each of their users, the latest review strictly
+older than the user's task. Temporal TASKS: a temporal split of the reviews before TASKS's cutoff, at
+the latest day that leaves as many eligible targets as TASKS has (``--cutoff latest:N`` for N; the
+manifest says which day). Either way with at least --min-history older visible reviews. TASKS's pairs are hidden from the validation folder
 as its own are (blocked_pairs.json), and its manifest keeps TASKS's cutoff, so training pairs built
 with it as --tasks (data_prep.pairs) keep out both folders' targets and the test period. Both folders'
 manifests count the tasks whose item has no older visible review ("new items"), which eval.selection
@@ -60,18 +61,31 @@ SELECT t.review_id, t.user_id, t.item_id, t.ts, t.stars, t.data, {_HISTORY}
 FROM last t WHERE t.rn = 1
 """
 
+
 # History counts only reviews that stay visible to a prediction: before the cutoff, and not of an item
 # the user has a candidate target on (that pair may be blocked as a task, which hides all its reviews).
-TEMPORAL = """
-WITH firsts AS (
+def temporal_sql(reviews: str = "reviews", prefix: str = "") -> str:
+    """Temporal candidates over the table ``reviews`` (a CTE of ``prefix``, e.g. what stays visible)."""
+    return f"""
+WITH {prefix}firsts AS (
     SELECT review_id, user_id, item_id, ts, stars, data,
            ROW_NUMBER() OVER (PARTITION BY user_id, item_id ORDER BY ts, review_id) AS rn
-    FROM reviews WHERE ts >= :cutoff)
+    FROM {reviews} WHERE ts >= :cutoff)
 SELECT t.review_id, t.user_id, t.item_id, t.ts, t.stars, t.data,
-    (SELECT COUNT(*) FROM reviews h WHERE h.user_id = t.user_id AND h.ts < :cutoff
+    (SELECT COUNT(*) FROM {reviews} h WHERE h.user_id = t.user_id AND h.ts < :cutoff
        AND NOT EXISTS (SELECT 1 FROM firsts f WHERE f.user_id = h.user_id AND f.item_id = h.item_id)) AS history
 FROM firsts t WHERE t.rn = 1
 """
+
+
+TEMPORAL = temporal_sql()
+# A temporal split of what a validation folder may use: the reviews before :until (the tasks' cutoff)
+# that the block set (the tasks' pairs) leaves visible.
+TEMPORAL_BEFORE = temporal_sql(
+    "visible",
+    "visible AS (SELECT * FROM reviews r WHERE r.ts < :until AND NOT EXISTS "
+    "(SELECT 1 FROM temp.block b WHERE b.user_id = r.user_id AND b.item_id = r.item_id)), ",
+)
 
 
 def _target(row) -> dict:
@@ -98,18 +112,23 @@ def candidates(store: ReviewStore, strategy: str, cutoff: int | None) -> list[di
     return sorted((_target(r) for r in rows), key=lambda t: (t["user_id"], t["item_id"], t["review_id"]))
 
 
-def latest_cutoff(store: ReviewStore, at_least: int, min_history: int, points: int = 64) -> int:
+def latest_cutoff(
+    store: ReviewStore, at_least: int, min_history: int, points: int = 64, until: int | None = None
+) -> int:
     """A late UTC day boundary with at least ``at_least`` eligible temporal targets on or after it.
     The count is not monotone in the cutoff (an early cutoff leaves users without history), so: the
     latest of ``points`` evenly spaced days that qualifies, then bisection between it and the next
     one, which does not. The chosen day qualifies and the day after it does not; a later qualifying
-    day between two grid points that bisection does not visit is possible, though unlikely."""
+    day between two grid points that bisection does not visit is possible, though unlikely. ``until``:
+    only the visible reviews before it count (a temporal validation folder's, TEMPORAL_BEFORE)."""
     first, last = store.conn.execute("SELECT MIN(ts), MAX(ts) FROM reviews").fetchone()
+    last = last if until is None else min(last, until - 1)
     day = 86400
 
     def eligible(cutoff_day: int) -> int:  # counted in SQL: no review text is read
-        sql = f"SELECT COUNT(*) FROM ({TEMPORAL}) WHERE history >= :min_history"
-        return store.conn.execute(sql, {"cutoff": cutoff_day * day, "min_history": min_history}).fetchone()[0]
+        sql = f"SELECT COUNT(*) FROM ({TEMPORAL if until is None else TEMPORAL_BEFORE}) WHERE history >= :min_history"
+        bind = {"cutoff": cutoff_day * day, "min_history": min_history, "until": until}
+        return store.conn.execute(sql, bind).fetchone()[0]
 
     begin, end = first // day + 1, last // day + 1  # days since the epoch
     grid = sorted({begin + (end - begin) * k // points for k in range(points + 1)})
@@ -142,28 +161,43 @@ SELECT COUNT(*) FROM reviews r WHERE r.user_id = :user AND r.ts < :ts AND r.item
 """
 
 
-def validation_candidates(store: ReviewStore, task_dir: Path) -> list[dict]:
-    """Per user of ``task_dir`` (whose pairs ``store`` blocks): their latest visible review strictly
-    older than their earliest task (a temporal folder: than its cutoff), with its history count."""
+def validation_candidates(
+    store: ReviewStore, task_dir: Path, at_least: int | None, min_history: int
+) -> tuple[list[dict], dict]:
+    """Validation candidates for ``task_dir`` (whose pairs ``store`` blocks), drawn as its tasks were,
+    and what was decided on the way. Leave-last-out: per user of the tasks, their latest visible review
+    strictly older than their earliest task. Temporal: a temporal split of the visible reviews before
+    the tasks' cutoff, at the latest day that leaves ``at_least`` eligible targets (default: as many
+    as the tasks)."""
     from data_prep.store import to_epoch
 
     manifest = json.loads((task_dir / "manifest.json").read_text())
     targets = read_targets(task_dir)
-    cutoff = to_epoch(manifest["cutoff"]) if manifest.get("strategy") == "temporal" else None
+    tasks = read_tasks(task_dir)
+    if manifest.get("strategy") == "temporal":
+        until, wanted = to_epoch(manifest["cutoff"]), at_least or len(tasks)
+        cutoff = latest_cutoff(store, wanted, min_history, until=until)
+        rows = store.conn.execute(TEMPORAL_BEFORE, {"cutoff": cutoff, "until": until})
+        found = sorted((_target(r) for r in rows), key=lambda t: (t["user_id"], t["item_id"], t["review_id"]))
+        return found, {"validation_cutoff": format_utc(cutoff), "at_least": wanted}
+    if manifest.get("strategy") != "leave-last-out":
+        raise SystemExit(f"error: --validation-for takes a leave-last-out or temporal folder, not {task_dir}")
     bound: dict[str, int] = {}
-    for task in read_tasks(task_dir):
+    for task in tasks:
         if task["task_id"] not in targets:
             raise SystemExit(f"error: {task_dir}/targets.jsonl has no time for task {task['task_id']}")
         user, ts = task["user_id"], targets[task["task_id"]]["ts"]
-        bound[user] = min(bound.get(user, ts), ts if cutoff is None else cutoff)
+        bound[user] = min(bound.get(user, ts), ts)
     out = []
     for user, before in sorted(bound.items()):
         row = store.conn.execute(LATEST_BEFORE, {"user": user, "before": before}).fetchone()
         if row is None:
             continue
-        history = store.conn.execute(HISTORY_BEFORE, {"user": user, "ts": row[3], "item": row[2]}).fetchone()[0]
+        history = store.conn.execute(HISTORY_BEFORE, {"user": user, "ts": row[3], "item": row[2]}).fetchone()[
+            0
+        ]
         out.append(_target((*row, history)))
-    return out
+    return out, {"task_users": len(bound)}
 
 
 def new_item_share(store: ReviewStore, targets: list[dict]) -> dict:
@@ -228,12 +262,14 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace the tasks already in --out")
     args = parser.parse_args(argv)
-    if args.validation_for and (args.import_official or args.cutoff or args.strategy != "leave-last-out"):
-        parser.error("--validation-for takes its strategy and cutoff from TASKS: give neither")
+    if args.validation_for and (args.import_official or args.strategy != "leave-last-out"):
+        parser.error("--validation-for takes its strategy from TASKS: give no --strategy")
+    if args.validation_for and args.cutoff and not args.cutoff.startswith("latest:"):
+        parser.error("--validation-for takes --cutoff latest:N only (a temporal TASKS: N validation targets)")
 
     if args.strategy == "temporal" and not args.cutoff and not args.import_official:
         parser.error("--strategy temporal needs --cutoff")
-    if args.cutoff and args.strategy != "temporal":
+    if args.cutoff and args.strategy != "temporal" and not args.validation_for:
         parser.error("--cutoff is for --strategy temporal")
     if args.min_history < 0:
         parser.error("--min-history must be >= 0")
@@ -259,11 +295,12 @@ def main(argv: list[str] | None = None) -> dict:
             )
         strategy = "import-official"
     elif args.validation_for:
-        pool = validation_candidates(store, args.validation_for)
+        at_least = int(args.cutoff.split(":", 1)[1]) if args.cutoff else None
+        pool, decided = validation_candidates(store, args.validation_for, at_least, args.min_history)
         eligible = [t for t in pool if t["history"] >= args.min_history]
         chosen = choose(eligible, args.max_tasks, args.seed)
         counts.update(
-            task_users=len({t["user_id"] for t in read_tasks(args.validation_for)}),
+            **decided,
             candidates=len(pool),
             eligible=len(eligible),
             too_little_history=len(pool) - len(eligible),
@@ -318,13 +355,15 @@ def main(argv: list[str] | None = None) -> dict:
         "min_history": args.min_history,
         # the first moment of the test period (what data_prep.pairs keeps training before); a latest:N
         # request is resolved to its day here and kept as asked in cutoff_requested
-        "cutoff": drawn_for.get("cutoff") if args.validation_for else counts.get("cutoff_chosen", args.cutoff),
+        "cutoff": drawn_for.get("cutoff")
+        if args.validation_for
+        else counts.get("cutoff_chosen", args.cutoff),
         "cutoff_requested": args.cutoff,
         "max_tasks": args.max_tasks,
         "validation_for": {
             "dir": str(args.validation_for),
             "strategy": drawn_for.get("strategy"),
-            "users": counts["task_users"],
+            "validation_cutoff": counts.get("validation_cutoff"),
         }
         if args.validation_for
         else None,

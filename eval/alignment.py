@@ -209,7 +209,9 @@ def predict_agent(cases, data, config, backend, embed, rng, counts, validation=(
     counts.update(rater.counts)
     counts["llm_validation_rows"] = len(rows)
     groups = rater.model.report.get("blend_groups") or {}
-    counts["blend_chosen_with_all_validation"] = {g: r["chosen_with_all_validation"] for g, r in groups.items()}
+    counts["blend_chosen_with_all_validation"] = {
+        g: r["chosen_with_all_validation"] for g, r in groups.items()
+    }
     out = []
     for agent, case in zip(agents, cases, strict=True):
         films = [m for m, _ in case["held"]]

@@ -22,6 +22,13 @@ adapter was trained with (its pairs' card.json): ``--set k_user=4 k_item=2 promp
 (agents.review.official) as a row named after its class, with claims against stats, nearest-centroid
 and the user mean on overall.
 
+``--validation VAL`` (a folder of data_prep.split --validation-for TASKS) chooses how each MBR agent
+(stats-mbr, tuned-mbr) picks its review on data like the tasks: the agent runs on VAL first
+(OUT/validation/sim/KIND), eval.selection chooses a pool and weight per group (new item / item with
+history; the nearest-centroid review unless an option beats it by a paired margin) into
+OUT/validation/KIND/rule.json, and the agent runs on the tasks with that rule. Without it each agent
+picks by its config's fixed pool. Nothing is chosen on the tasks that are scored.
+
 ``--visibility official`` runs every agent and baseline with the AgentSociety leaderboard's
 visibility (everything but the task pairs) instead of the default time-aware one; every table says
 which was used.
@@ -33,9 +40,11 @@ import argparse
 import json
 from pathlib import Path
 
+import yaml
+
 from agents.review import simulate
 from data_prep.paths import REPO_ROOT
-from eval import baselines, review, tracking
+from eval import baselines, review, selection, tracking
 from eval.metrics import paired_bootstrap
 
 KINDS = ("stats", "stats-mbr", "asc-baseline", "retrieval-llm", "tuned", "tuned-mbr")
@@ -54,11 +63,14 @@ CLAIMS = (
     ("tuned-mbr", "tuned", "review_generation"),
     ("tuned-mbr", "stats-mbr", "review_generation"),
     ("tuned-mbr", "stats-mbr", "overall"),
+    ("tuned-mbr", "user-mean", "overall"),
     ("stats-mbr", "stats", "review_generation"),
+    ("stats-mbr", "nearest-centroid", "overall"),
     ("tuned", "user-mean", "overall"),
     ("tuned", "asc-baseline", "overall"),
     ("tuned", "retrieval-llm", "overall"),
     ("stats", "user-mean", "preference_estimation"),
+    ("stats", "nearest-centroid", "preference_estimation"),  # nearest-centroid's stars: the user's median
     ("stats", "user-mean", "overall"),
 )
 
@@ -85,6 +97,15 @@ def agents_table(runs: dict[str, Path]) -> str:
             f"{c['parse_failures']} | {c['retries']} ({c['retry_successes']}) | {c['fallbacks']} | "
             f"{c['cut_short']} | {stars} | {chosen} | {s['visibility']} |"
         )
+        rule = s.get("selection_rule")
+        if rule:
+            chosen = "; ".join(
+                f"{group}: {r['pool']}"
+                + (f" w{r['sentiment_weight']:g}" if r["pool"] != "centroid" else "")
+                + f" ({rule['validation'][group]['tasks']} validation tasks)"
+                for group, r in rule["groups"].items()
+            )
+            notes.append(f"{name}: reviews chosen by the rule chosen on {rule['tasks']}: {chosen}")
         trained = s.get("adapter_training_data")
         if trained and trained["latest_training_review"] is None:
             notes.append(f"{name}: the adapter trained on none of this store's reviews")
@@ -150,9 +171,12 @@ def run_suite(
     overwrite: bool = False,
     wandb: str = "off",
     plugins: tuple[str, ...] = (),
+    validation: Path | None = None,
 ) -> tuple[str, str, str]:
     if {"tuned", "tuned-mbr"} & set(kinds) and adapter is None:
         raise SystemExit("error: the tuned agent needs --adapter (a train.sft output folder)")
+    if validation is not None:
+        check_validation(validation, tasks)
     scored: dict[str, Path] = {}
     where = tracking.target(adapter)  # every evaluation in the tuned adapter's W&B project and group
     for kind in baselines.KINDS:
@@ -176,13 +200,19 @@ def run_suite(
     for kind in kinds:
         print(f"\n--- agent {kind} (configs/agents/{kind}.yaml)")
         run = out / "sim" / kind
-        argv = ["--config", CONFIGS / f"{kind}.yaml", "--data", data, "--tasks", tasks, "--out", run]
-        args = [*map(str, argv), "--visibility", visibility, *(["--overwrite", "true"] if overwrite else [])]
+        agent = ["--config", str(CONFIGS / f"{kind}.yaml"), "--data", str(data), "--visibility", visibility]
+        agent += ["--overwrite", "true"] if overwrite else []
         if not kind.startswith("stats"):
-            args += generation_args() if extra is None else extra
+            agent += generation_args() if extra is None else extra
         if kind.startswith("tuned"):
-            args += ["--adapter", str(adapter)]
-        simulate.main(args)
+            agent += ["--adapter", str(adapter)]
+        if validation is not None and uses_selection(kind):
+            print(f"\n--- {kind} on the validation tasks {validation}: choosing its selection rule")
+            on_validation = out / "validation" / "sim" / kind
+            simulate.main([*agent, "--tasks", str(validation), "--out", str(on_validation)])
+            report = selection.choose_rule(on_validation, data, validation, backend)
+            agent += ["--selection_rule", str(selection.write(report, out / "validation" / kind))]
+        simulate.main([*agent, "--tasks", str(tasks), "--out", str(run)])
         scored[kind] = score(
             tasks, run / "predictions.jsonl", out / "eval" / kind, backend, data, wandb, where
         )
@@ -220,11 +250,33 @@ def run_suite(
             "kinds": list(kinds),
             "plugins": list(plugins),
             "visibility": visibility,
+            "validation": str(validation) if validation else None,
         },
         {"compare": out / "compare.png"},
         {"compare": table_rows(table), "claims": table_rows(claims)},
     )
     return table, agents, claims
+
+
+def uses_selection(kind: str) -> bool:
+    """Whether the kind's config chooses its review by MBR (so a selection rule applies)."""
+    return yaml.safe_load((CONFIGS / f"{kind}.yaml").read_text()).get("selection") == "mbr"
+
+
+def check_validation(validation: Path, tasks: Path) -> None:
+    """Refuse a validation folder that was not drawn for these tasks."""
+    manifest_path = validation / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    drawn_for = (manifest.get("validation_for") or {}).get("dir")
+    if (
+        manifest.get("strategy") != "validation"
+        or not drawn_for
+        or Path(drawn_for).resolve() != tasks.resolve()
+    ):
+        raise SystemExit(
+            f"error: {validation} is not a validation folder drawn for {tasks} "
+            f"(make one with python -m data_prep.split --validation-for {tasks})"
+        )
 
 
 def table_rows(text: str) -> list[dict]:
@@ -252,6 +304,12 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         metavar="FILE.py:CLASS",
         help="an AgentSociety agent to score beside the shipped ones (repeatable)",
+    )
+    parser.add_argument(
+        "--validation",
+        type=Path,
+        help="validation tasks drawn for --tasks (data_prep.split --validation-for): the MBR agents' "
+        "selection is chosen on them",
     )
     parser.add_argument("--backend", choices=["offline", "official"], default="offline", help="evaluator")
     parser.add_argument(
@@ -288,6 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         args.overwrite,
         args.wandb,
         tuple(args.agent),
+        args.validation,
     )
 
 

@@ -185,40 +185,60 @@ def test_latest_cutoff_leaves_at_least_n_tasks_and_a_day_later_leaves_fewer(yelp
         make_split(yelp, tmp_path / "none", "--strategy", "temporal", "--cutoff", "latest:100000")
 
 
-@pytest.mark.parametrize("strategy", ["leave-last-out", "temporal"])
-def test_validation_tasks_are_drawn_like_the_tasks_from_before_them(yelp, tmp_path, strategy):
-    cut = ["--strategy", "temporal", "--cutoff", "2016-01-01"] if strategy == "temporal" else []
-    test = make_split(yelp, tmp_path / "tasks", *cut, "--min-history", 2, "--max-tasks", 60)
+def hidden_by_validation(yelp, tasks, val) -> None:
+    """The validation folder hides the tasks' targets as well as its own."""
+    blocked = ReviewStore.open(yelp, tasks=val)
+    targets = [*read_targets(tasks).values(), *read_targets(val).values()]
+    for t in targets:
+        assert blocked.get_reviews(review_id=t["review_id"]) == []
+    assert blocked.blocked == len({(t["user_id"], t["item_id"]) for t in targets})
+
+
+def test_leave_last_out_validation_is_each_task_users_previous_review(yelp, tmp_path):
+    make_split(yelp, tmp_path / "tasks", "--min-history", 2, "--max-tasks", 60)
     val = make_split(yelp, tmp_path / "val", "--validation-for", tmp_path / "tasks", "--min-history", 2)
     everything = ReviewStore(yelp)
-    tests = {t["task_id"]: t for t in read_tasks(tmp_path / "tasks")}
+    tests = {t["user_id"]: t for t in read_tasks(tmp_path / "tasks")}
     test_targets = read_targets(tmp_path / "tasks")
-    earliest = {}
-    for task_id, task in tests.items():
-        user = task["user_id"]
-        earliest[user] = min(earliest.get(user, test_targets[task_id]["ts"]), test_targets[task_id]["ts"])
-    test_items = {(t["user_id"], t["item_id"]) for t in tests.values()}
     targets = read_targets(tmp_path / "val")
-    assert 0 < len(targets) <= len(earliest) == val["validation_for"]["users"]
+    assert 0 < len(targets) <= len(tests) == val["counts"]["task_users"]
     assert len({t["user_id"] for t in targets.values()}) == len(targets)  # one per task user
-    bound = to_epoch(test["cutoff"]) if strategy == "temporal" else None
-    for task in read_tasks(tmp_path / "val"):
-        target, user = targets[task["task_id"]], task["user_id"]
-        assert target["ts"] < (bound or earliest[user]) and (user, task["item_id"]) not in test_items
-        later = [
-            r
-            for r in everything.get_reviews(user_id=user, before=bound or earliest[user])
-            if to_epoch(r["date"]) > target["ts"] and (user, r["item_id"]) not in test_items
-        ]
-        assert later == []  # the user's latest review before the test period
-        assert target["history"] >= 2
-    assert val["cutoff"] == test["cutoff"] and val["strategy"] == "validation"
-    # the validation folder hides the tasks' targets as well as its own
-    blocked = ReviewStore.open(yelp, tasks=tmp_path / "val")
-    for t in [*test_targets.values(), *targets.values()]:
-        assert blocked.get_reviews(review_id=t["review_id"]) == []
-    assert blocked.blocked == len(test_items | {(t["user_id"], t["item_id"]) for t in targets.values()})
-    for manifest in (test, val):
-        assert 0 <= manifest["counts"]["new_items"] <= manifest["counts"]["tasks"]
+    for target in targets.values():
+        task = tests[target["user_id"]]
+        before = test_targets[task["task_id"]]["ts"]
+        assert target["ts"] < before and target["item_id"] != task["item_id"] and target["history"] >= 2
+        others = everything.get_reviews(user_id=target["user_id"], before=before)
+        later = [r for r in others if to_epoch(r["date"]) > target["ts"] and r["item_id"] != task["item_id"]]
+        assert later == []  # the user's latest review before their task
+    assert val["cutoff"] is None and val["strategy"] == "validation"
+    assert 0 <= val["counts"]["new_items"] <= val["counts"]["tasks"]
+    hidden_by_validation(yelp, tmp_path / "tasks", tmp_path / "val")
     with pytest.raises(SystemExit):
         make_split(yelp, tmp_path / "bad", "--validation-for", tmp_path / "tasks", "--strategy", "temporal")
+
+
+def test_temporal_validation_is_a_temporal_split_of_what_precedes_the_tasks(yelp, tmp_path):
+    test = make_split(
+        yelp, tmp_path / "tasks", "--strategy", "temporal", "--cutoff", "latest:100", "--min-history", 2
+    )
+    val = make_split(yelp, tmp_path / "val", "--validation-for", tmp_path / "tasks", "--min-history", 2)
+    start, end = to_epoch(val["counts"]["validation_cutoff"]), to_epoch(test["cutoff"])
+    test_pairs = set(task_pairs(tmp_path / "tasks"))
+    targets = read_targets(tmp_path / "val")
+    assert len(targets) >= test["counts"]["tasks"] == val["counts"]["at_least"]
+    assert all(start <= t["ts"] < end for t in targets.values())
+    assert not test_pairs & set(task_pairs(tmp_path / "val"))
+    assert val["cutoff"] == test["cutoff"]  # what data_prep.pairs keeps training before
+    # the latest such day: a day later leaves fewer than the tasks' number
+    later = make_split(
+        yelp,
+        tmp_path / "later",
+        "--validation-for",
+        tmp_path / "tasks",
+        "--min-history",
+        2,
+        "--cutoff",
+        "latest:1",
+    )
+    assert to_epoch(later["counts"]["validation_cutoff"]) > start
+    hidden_by_validation(yelp, tmp_path / "tasks", tmp_path / "val")

@@ -168,6 +168,7 @@ class Prediction:
     counts: Counter = field(default_factory=Counter)  # this task's counts (COUNTS); a run sums them
     candidates: list[dict] | None = None  # mbr: the pool [{text, source, vader}]; the review is one of them
     chosen: int | None = None  # mbr: the index of the chosen candidate
+    group: str | None = None  # mbr: new_item or item_with_history (stars.GROUPS), as the agent saw it
     selection: str | None = None  # mbr with a selection_rule: the task's group and what it chose with
 
 
@@ -301,7 +302,13 @@ class ReviewAgent:
             item_pool = item_all[-self.config.item_candidates :]  # the most recent ones
             item_text = describe_item(item)
             style = " ".join(r["text"] for r in history[-3:]) or item_text
-            ctx = {"user": user, "item": item, "history": history, "item_pool": item_pool, "item_all": item_all}
+            ctx = {
+                "user": user,
+                "item": item,
+                "history": history,
+                "item_pool": item_pool,
+                "item_all": item_all,
+            }
             ctx["item_text"] = item_text
             contexts.append(ctx)
             if self.config.kind == "stats":  # only the fallback review is needed
@@ -472,7 +479,8 @@ class ReviewAgent:
             target = self.sentiment.expected(p.stars, self.before(task))
             sources = [s for _, s in pool]
             pool_name, weight = self.rule(ctx)
-            p.selection = f"{self.group(ctx)}: {pool_name} w{weight:g}" if self.selection_rule else None
+            p.group = self.group(ctx)
+            p.selection = f"{p.group}: {pool_name} w{weight:g}" if self.selection_rule else None
             p.chosen = choose(sources, v, c, target, weight, pool_name, centroid)
             if p.chosen is None:  # e.g. retrieved only, for a user with no history: the LLM's answer
                 p.counts["empty_pool"] += 1

@@ -62,8 +62,10 @@ def read_rule(path: str | Path) -> dict:
     if not isinstance(groups, dict) or set(groups) != set(GROUPS):
         raise ValueError(f"{path}: a selection rule needs groups {GROUPS}")
     for name, chosen in groups.items():
-        if chosen.get("pool") not in CHOICES or not 0 <= float(chosen.get("sentiment_weight", 0)):
-            raise ValueError(f"{path}: group {name} needs a pool in {CHOICES} and a weight >= 0, got {chosen}")
+        if chosen.get("pool") not in CHOICES or not float(chosen.get("sentiment_weight", 0)) >= 0:
+            raise ValueError(
+                f"{path}: group {name} needs a pool in {CHOICES} and a weight >= 0, got {chosen}"
+            )
     return rule
 
 
@@ -163,7 +165,9 @@ def reselect(
         new = {k: v for k, v in row.items() if k not in ("candidates", "chosen", "chosen_source")}
         v = np.stack([vectors[c["text"]] for c in candidates])
         s = np.array([c["vader"] for c in candidates])
-        chosen = choose([c["source"] for c in candidates], v, s, target, sentiment_weight, pool, centroid_of(row))
+        chosen = choose(
+            [c["source"] for c in candidates], v, s, target, sentiment_weight, pool, centroid_of(row)
+        )
         if chosen is None:
             chosen, new["empty_pool"] = 0, True
         new.update(

@@ -225,6 +225,7 @@ def prediction_row(p, seconds: float) -> dict:
     if p.candidates is not None:  # selection: mbr
         row["candidates"], row["chosen"] = p.candidates, p.chosen
         row["chosen_source"] = p.candidates[p.chosen]["source"]
+        row["group"] = p.group
         if p.selection:
             row["selection"] = p.selection
     return row

@@ -1,0 +1,212 @@
+"""Choose how an MBR agent picks its review, on validation tasks drawn like the tasks it is scored on.
+
+    python -m eval.selection --run runs/x/validation/sim/tuned-mbr --data runs/x/data \\
+        --tasks runs/x/tasks_val --out runs/x/validation/tuned-mbr
+
+``--run``: the agent (``selection: mbr``) on a validation folder (data_prep.split --validation-for),
+every prediction with its pool. Each candidate of every pool is scored against its task's real review
+with the evaluator's own scorers (eval.review's review-generation terms; the offline stand-ins unless
+``--backend official``). Each option, every pool of agents.review.select.POOLS with every weight of
+WEIGHTS, and ``centroid`` (the nearest-centroid baseline's review, which every pool holds), then has a
+review-generation score per task; and per group of tasks (new item or item with history, as the agent
+saw them; stars.GROUPS) the rule is:
+
+- ``centroid`` unless an option beats it by a paired margin: its mean gain over ``centroid`` has a
+  one-sided lower bound above zero (normal approximation, Bonferroni over the other options) on at
+  least MIN_TASKS tasks of the group;
+- then, of those, the option with the highest mean.
+
+So on its own validation the rule never scores below the nearest-centroid baseline's text, and a gain
+on a handful of tasks is not enough. Only the pools whose sources the run has compete (a run without
+an LLM has no generated candidates). Validation tasks whose target review the agent's adapter trained
+on are left out and counted (build its pairs with the validation folder as --tasks to have none).
+
+Writes OUT/rule.json (what an agent config's ``selection_rule`` reads), OUT/rule.md (per group: every
+option's mean, gain over ``centroid`` and its lower bound, and the choice) and OUT/provenance.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import norm
+
+from agents.encoders import packaged_minilm
+from agents.retrieval import Retriever
+from agents.review.select import CENTROID, POOLS, SentimentByStars, centroid_of, reselect
+from agents.review.stars import GROUPS
+from data_prep.paths import cache_dir
+from data_prep.provenance import provenance
+from data_prep.store import ReviewStore
+from data_prep.tasks import read_groundtruth, read_targets
+from eval.backends import build_scorers
+from eval.metrics import per_task_scores
+from eval.scoring import ScoreCache, score_pairs
+
+WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0)  # the sentiment stand-in's weight against the topic one
+MIN_TASKS = 10  # a group with fewer validation tasks keeps the baseline
+ALPHA = 0.05
+
+
+def option_name(pool: str, weight: float | None) -> str:
+    return CENTROID if pool == CENTROID else f"{pool} w{weight:g}"
+
+
+def decide(scores: dict[str, np.ndarray], minimum: int = MIN_TASKS) -> dict:
+    """The rule for one group: ``scores`` maps each option to its per-task review-generation scores
+    (one array per option, the same tasks in the same order, CENTROID among them)."""
+    base = scores[CENTROID]
+    n, others = len(base), len(scores) - 1
+    z = float(norm.isf(ALPHA / max(others, 1)))
+    table, eligible = {}, []
+    for name, values in scores.items():
+        gain = values - base
+        mean = float(gain.mean()) if n else 0.0
+        spread = float(gain.std(ddof=1)) if n > 1 else 0.0
+        lower = mean - z * spread / np.sqrt(max(n, 1))
+        table[name] = {"mean": float(values.mean()) if n else None, "gain": mean, "lower": lower}
+        if name != CENTROID and n >= minimum and n > 1 and lower > 0:
+            eligible.append(name)
+    chosen = max(eligible, key=lambda k: (table[k]["mean"], k)) if eligible else CENTROID
+    return {"tasks": n, "z": z, "chosen": chosen, "options": table}
+
+
+def candidate_scores(rows: list[dict], task_dir: Path, backend: str) -> list[np.ndarray]:
+    """Each row's candidates scored against its task's real review: their review-generation scores."""
+    texts = [c["text"] for r in rows for c in r["candidates"]]
+    truths = [read_groundtruth(task_dir, r["task_id"]) for r in rows]
+    true_texts = [t["review"] for r, t in zip(rows, truths, strict=True) for _ in r["candidates"]]
+    zeros = [0.0] * len(texts)
+    cache = ScoreCache(cache_dir() / "scores.sqlite")
+    terms = score_pairs(zeros, texts, zeros, true_texts, build_scorers(backend), cache)
+    rg = per_task_scores(
+        {"star": terms["star_error"], "sentiment": terms["sentiment_error"], "emotion": terms["emotion_error"],
+         "topic": terms["topic_error"]},
+        "review_generation",
+    )  # fmt: skip
+    out, at = [], 0
+    for r in rows:
+        out.append(rg[at : at + len(r["candidates"])])
+        at += len(r["candidates"])
+    return out
+
+
+def trained_on(run: Path) -> set[str]:
+    """The review ids the run's adapter trained on (none without an adapter)."""
+    summary = json.loads((run / "summary.json").read_text())
+    adapter = (summary.get("llm") or {}).get("adapter")
+    path = Path(adapter or "") / "training_data.json"
+    return (
+        set(json.loads(path.read_text()).get("train_review_ids", [])) if adapter and path.exists() else set()
+    )
+
+
+def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline") -> dict:
+    rows = sorted(
+        (json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines() if line.strip()),
+        key=lambda r: r["task_id"],
+    )
+    if not rows or any("candidates" not in r or "group" not in r for r in rows):
+        raise SystemExit(f"error: {run}/predictions.jsonl has no candidate pools (run with selection: mbr)")
+    if any(centroid_of(r) is None for r in rows):
+        missing = sum(centroid_of(r) is None for r in rows)
+        raise SystemExit(f"error: {missing} pools of {run} lack the nearest-centroid review: rerun the agent")
+    manifest = json.loads((task_dir / "manifest.json").read_text())
+    if manifest.get("strategy") != "validation":
+        raise SystemExit(
+            f"error: {task_dir} is not a validation folder (data_prep.split --validation-for): a rule chosen "
+            "on the tasks it is scored on would be tuned on them"
+        )
+    targets = read_targets(task_dir)
+    trained = trained_on(run)
+    left_out = [r["task_id"] for r in rows if targets[r["task_id"]]["review_id"] in trained]
+    rows = [r for r in rows if r["task_id"] not in set(left_out)]
+    summary = json.loads((run / "summary.json").read_text())
+    official = summary["visibility"] == "official"
+
+    by_stars = SentimentByStars.from_store(ReviewStore.open(data, tasks=task_dir))
+    expected = [
+        by_stars.expected(r["stars"], None if official else targets[r["task_id"]]["ts"]) for r in rows
+    ]
+    texts = sorted({c["text"] for r in rows for c in r["candidates"]})
+    print(f"selection: {len(rows)} validation tasks, {len(texts)} candidate texts", flush=True)
+    vectors = dict(zip(texts, Retriever(packaged_minilm("cpu", 64)).embed(texts), strict=True))
+    scores = candidate_scores(rows, task_dir, backend)
+
+    present = {c["source"] for r in rows for c in r["candidates"]}
+    pools = [p for p, (allowed, _) in POOLS.items() if present & set(allowed)]
+    options = {option_name(CENTROID, None): (CENTROID, 0.0)}
+    options.update({option_name(p, w): (p, w) for p in pools for w in WEIGHTS})
+    per_option = {}
+    for name, (pool, weight) in options.items():
+        chosen = reselect(rows, vectors, expected, pool, weight)
+        per_option[name] = np.array([s[c["chosen"]] for s, c in zip(scores, chosen, strict=True)])
+    groups = np.array([r["group"] for r in rows])
+    validation, rule = {}, {}
+    for group in GROUPS:
+        mask = groups == group
+        validation[group] = decide({k: v[mask] for k, v in per_option.items()})
+        pool, weight = options[validation[group]["chosen"]]
+        rule[group] = {"pool": pool, "sentiment_weight": weight}
+    return {
+        "groups": rule,
+        "validation": validation,
+        "rule": f"per group: {CENTROID} unless an option's paired gain over it has a one-sided "
+        f"{1 - ALPHA:.0%} lower bound above zero (Bonferroni over the other options) on >= {MIN_TASKS} "
+        "tasks; then the highest mean of those",
+        "run": str(run),
+        "tasks": str(task_dir),
+        "validation_tasks": len(rows),
+        "left_out_adapter_trained": len(left_out),
+        "backend": backend,
+        "visibility": summary["visibility"],
+    }
+
+
+def table(report: dict) -> str:
+    lines = []
+    for group, v in report["validation"].items():
+        lines += [
+            f"**{group}** ({v['tasks']} validation tasks, z {v['z']:.3f}): chosen **{v['chosen']}**",
+            "",
+            "| option | RG | gain over centroid | one-sided lower bound |",
+            "|---|---|---|---|",
+        ]
+        for name, o in sorted(v["options"].items(), key=lambda kv: -(kv[1]["mean"] or 0)):
+            mean = f"{o['mean']:.4f}" if o["mean"] is not None else "–"
+            lines.append(f"| {name} | {mean} | {o['gain']:+.4f} | {o['lower']:+.4f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(report: dict, out: Path) -> Path:
+    """rule.json holds only what the choice depends on (the same inputs give the same bytes, so a run
+    that reads it resumes); when it was made is in provenance.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rule.json").write_text(json.dumps(report, indent=2))
+    (out / "rule.md").write_text(table(report))
+    (out / "provenance.json").write_text(json.dumps(provenance(), indent=2))
+    return out / "rule.json"
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--run", type=Path, required=True, help="an agents.simulate run with selection: mbr")
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--tasks", type=Path, required=True, help="the validation folder it ran on")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--backend", choices=["offline", "official"], default="offline")
+    args = parser.parse_args(argv)
+    report = choose_rule(args.run, args.data, args.tasks, args.backend)
+    path = write(report, args.out)
+    print(table(report) + f"-> {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()
