@@ -18,7 +18,8 @@ saw them; stars.GROUPS) the rule is:
 
 So on its own validation the rule never scores below the nearest-centroid baseline's text, and a gain
 on a handful of tasks is not enough. Only the pools whose sources the run has compete (a run without
-an LLM has no generated candidates). Validation tasks whose target review the agent's adapter trained
+an LLM has no generated candidates), each once (without generated candidates, ``both`` is ``retrieved``).
+Validation tasks whose target review the agent's adapter trained
 on are left out and counted (build its pairs with the validation folder as --tasks to have none).
 
 Writes OUT/rule.json (what an agent config's ``selection_rule`` reads), OUT/rule.md (per group: every
@@ -72,6 +73,18 @@ def decide(scores: dict[str, np.ndarray], minimum: int = MIN_TASKS) -> dict:
             eligible.append(name)
     chosen = max(eligible, key=lambda k: (table[k]["mean"], k)) if eligible else CENTROID
     return {"tasks": n, "z": z, "chosen": chosen, "options": table}
+
+
+def distinct_pools(present: set[str]) -> list[str]:
+    """The pools that can choose from the sources present, one per distinct (choices, references)
+    among those sources: without generated candidates, retrieved, both and retrieved-vs-all are one."""
+    seen, pools = set(), []
+    for pool, (allowed, references) in POOLS.items():
+        key = (frozenset(present & set(allowed)), frozenset(present & set(references)))
+        if key[0] and key not in seen:
+            seen.add(key)
+            pools.append(pool)
+    return pools
 
 
 def candidate_scores(rows: list[dict], task_dir: Path, backend: str) -> list[np.ndarray]:
@@ -136,8 +149,7 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     vectors = dict(zip(texts, Retriever(packaged_minilm("cpu", 64)).embed(texts), strict=True))
     scores = candidate_scores(rows, task_dir, backend)
 
-    present = {c["source"] for r in rows for c in r["candidates"]}
-    pools = [p for p, (allowed, _) in POOLS.items() if present & set(allowed)]
+    pools = distinct_pools({c["source"] for r in rows for c in r["candidates"]})
     options = {option_name(CENTROID, None): (CENTROID, 0.0)}
     options.update({option_name(p, w): (p, w) for p in pools for w in WEIGHTS})
     per_option = {}

@@ -1,0 +1,149 @@
+"""How the MBR agents pick their review: chosen per group on validation tasks (eval.selection), the
+nearest-centroid review always in the pool, the rule followed by the agent and fingerprinted."""
+
+import json
+
+import numpy as np
+import pytest
+
+from agents.retrieval import hashed_bag_of_words
+from agents.review import agent as agent_module
+from agents.review import simulate
+from agents.review.agent import AgentConfig, ReviewAgent
+from agents.review.select import CENTROID, choose, read_rule
+from data_prep import split
+from data_prep.store import ReviewStore
+from data_prep.tasks import read_targets, read_tasks
+from eval import baselines, selection, suite
+
+
+def test_the_centroid_stays_unless_an_option_beats_it_by_a_paired_margin():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.6, 0.9, 60)
+    lucky = base + np.tile([0.2, -0.16], 30)  # the higher mean (+0.02), but a noisy gain
+    steady = base + 0.01  # a small gain on every task
+    chosen = selection.decide({CENTROID: base, "lucky": lucky, "steady": steady})
+    assert lucky.mean() > steady.mean() and chosen["chosen"] == "steady"
+    assert chosen["options"]["lucky"]["lower"] < 0 < chosen["options"]["steady"]["lower"]
+    assert selection.decide({CENTROID: base, "lucky": lucky})["chosen"] == CENTROID
+    few = {CENTROID: base[:9], "steady": steady[:9]}  # fewer than MIN_TASKS: the baseline
+    assert (
+        selection.decide(few)["chosen"] == CENTROID and selection.decide(few, minimum=5)["chosen"] == "steady"
+    )
+    # whatever the scores, the choice never scores below the centroid on its own validation
+    for seed in range(20):
+        r = np.random.default_rng(seed)
+        scores = {
+            CENTROID: r.uniform(0, 1, 40),
+            **{f"o{k}": r.uniform(0, 1, 40) + 0.05 * k for k in range(6)},
+        }
+        pick = selection.decide(scores)["chosen"]
+        assert scores[pick].mean() >= scores[CENTROID].mean()
+
+
+def test_without_generated_candidates_the_real_pools_compete_once():
+    assert selection.distinct_pools({"user", "item"}) == ["retrieved"]
+    assert selection.distinct_pools({"llm", "sample", "user", "item"}) == [
+        "generated", "retrieved", "both", "retrieved-vs-all", "generated-vs-all", "answer"
+    ]  # fmt: skip
+
+
+def agent_for(yelp_store, tasks_dir, **config):
+    store = ReviewStore.open(yelp_store, tasks=tasks_dir)
+    agent_config = AgentConfig(kind="stats", selection="mbr", candidates_user=2, candidates_item=2,
+                               pool="retrieved", **config)  # fmt: skip
+    agent = ReviewAgent(agent_config, None, store, encoder=lambda t: hashed_bag_of_words(t, 64))
+    targets = read_targets(tasks_dir)
+    return agent, [{**t, "ts": targets[t["task_id"]]["ts"]} for t in read_tasks(tasks_dir)]
+
+
+def test_every_pool_holds_the_nearest_centroid_review_and_a_rule_is_followed_per_group(
+    yelp_store, tmp_path, make_tasks, monkeypatch
+):
+    monkeypatch.setattr(agent_module, "load_llm", None)
+    tasks_dir = make_tasks(yelp_store, tmp_path / "tasks", n=60, seed=0)
+    rule = tmp_path / "rule.json"
+    groups = {
+        "new_item": {"pool": CENTROID},
+        "item_with_history": {"pool": "retrieved", "sentiment_weight": 0},
+    }
+    rule.write_text(json.dumps({"groups": groups}))
+    agent, tasks = agent_for(yelp_store, tasks_dir, selection_rule=str(rule))
+    predictions = agent.predict(tasks)
+    rows, _ = baselines.from_history(
+        yelp_store, tasks_dir, "nearest-centroid", encoder=lambda t: hashed_bag_of_words(t, 64)
+    )
+    baseline = {r["task_id"]: r["review"] for r in rows}
+    groups_seen = {p.group for p in predictions}
+    assert groups_seen == {"new_item", "item_with_history"}  # this sample of 60 has both
+    for task, p in zip(tasks, predictions, strict=True):
+        (marked,) = [c for c in p.candidates if c.get("centroid")]
+        assert marked["text"] == baseline[task["task_id"]]  # the baseline's review is in every pool
+        new = not agent.store.has_reviews(item_id=task["item_id"], before=task["ts"])
+        assert p.group == ("new_item" if new else "item_with_history")
+        if new:
+            assert p.review == baseline[task["task_id"]] and p.selection == "new_item: centroid w0"
+        else:  # MBR over the retrieved reviews with weight 0
+            sources = [c["source"] for c in p.candidates]
+            vectors = agent.retriever.embed([c["text"] for c in p.candidates])
+            vader = np.array([c["vader"] for c in p.candidates])
+            assert p.chosen == choose(sources, vectors, vader, 0.0, 0.0, "retrieved")
+    bad = tmp_path / "bad.json"
+    for broken in (
+        {"groups": {"new_item": {"pool": CENTROID}}},
+        {"groups": {**groups, "new_item": {"pool": "x"}}},
+    ):
+        bad.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match="selection rule|pool"):
+            read_rule(bad)
+    with pytest.raises(ValueError, match="selection_rule is for selection: mbr"):
+        ReviewAgent(AgentConfig(kind="stats", selection_rule=str(rule)), None, agent.store)
+
+
+@pytest.mark.slow
+def test_the_suite_chooses_the_rule_on_validation_and_the_run_is_fingerprinted_by_it(
+    yelp_store, tmp_path, make_tasks
+):
+    tasks = make_tasks(yelp_store, tmp_path / "tasks", n=80, seed=0)
+    val = tmp_path / "val"
+    split.main(f"--data {yelp_store} --out {val} --validation-for {tasks} --min-history 2".split())
+    out = tmp_path / "suite"
+    table, agents, claims = suite.run_suite(
+        yelp_store, tasks, out, adapter=None, kinds=("stats-mbr",), validation=val
+    )
+    report = json.loads((out / "validation" / "stats-mbr" / "rule.json").read_text())
+    assert report["validation_tasks"] == len(read_tasks(val)) and report["left_out_adapter_trained"] == 0
+    for group, chosen in report["groups"].items():
+        v = report["validation"][group]
+        assert v["options"][v["chosen"]]["mean"] >= v["options"][CENTROID]["mean"] or v["tasks"] == 0
+        assert chosen["pool"] == (CENTROID if v["chosen"] == CENTROID else v["chosen"].split(" w")[0])
+    rows = [json.loads(line) for line in (out / "sim" / "stats-mbr" / "predictions.jsonl").open()]
+    nc = {json.loads(line)["task_id"]: json.loads(line)["review"] for line in (out / "baselines" / "nearest-centroid.jsonl").open()}  # fmt: skip
+    for row in rows:
+        assert row["selection"].startswith(row["group"] + ": " + report["groups"][row["group"]]["pool"])
+        if report["groups"][row["group"]]["pool"] == CENTROID:
+            assert row["review"] == nc[row["task_id"]]  # the same review as the baseline, by construction
+    assert (
+        "reviews chosen by the rule chosen on" in agents
+        and "| stats-mbr > nearest-centroid | overall |" in claims
+    )
+    # the rule decides the run: a changed rule refuses to resume the run made with the old one
+    rule = out / "validation" / "stats-mbr" / "rule.json"
+    edited = json.loads(rule.read_text())
+    edited["groups"]["item_with_history"] = {"pool": "retrieved", "sentiment_weight": 4.0}
+    rule.write_text(json.dumps(edited))
+    argv = ["--config", "configs/agents/stats-mbr.yaml", "--data", str(yelp_store), "--tasks", str(tasks)]
+    with pytest.raises(SystemExit):
+        simulate.main([*argv, "--out", str(out / "sim" / "stats-mbr"), "--selection_rule", str(rule)])
+    # validation tasks the adapter trained on are left out; folders not made for this are refused
+    run = out / "validation" / "sim" / "stats-mbr"
+    summary = json.loads((run / "summary.json").read_text())
+    trained = [t["review_id"] for t in list(read_targets(val).values())[:5]]
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "training_data.json").write_text(json.dumps({"train_review_ids": trained}))
+    (run / "summary.json").write_text(json.dumps({**summary, "llm": {"adapter": str(tmp_path / "adapter")}}))
+    assert selection.choose_rule(run, yelp_store, val)["left_out_adapter_trained"] == 5
+    with pytest.raises(SystemExit, match="not a validation folder"):
+        selection.choose_rule(run, yelp_store, tasks)
+    with pytest.raises(SystemExit, match="not a validation folder drawn for"):
+        suite.run_suite(yelp_store, val, tmp_path / "x", adapter=None, kinds=("stats-mbr",), validation=val)
