@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# The review-agent quality tables of bench/README.md for one sample, end to end and resumable:
+# The review-agent quality tables of bench/README.md for one sample, on two splits, end to end and
+# resumable:
 #
-#   bash bench/quality.sh amazon            # about 35 minutes on 2 CPU cores, 80 with tuned-mbr
+#   bash bench/quality.sh amazon            # about 2 hours each on 2 CPU cores
 #   bash bench/quality.sh yelp runs/quality/yelp
 #   VISIBILITY=official bash bench/quality.sh amazon runs/quality/amazon_official
 #
-# 1. build the sample; 2. two task folders from one seeded shuffle: every eligible task (users with
-# >= 2 older reviews) and its first 50; 3. training pairs with *every* eligible task blocked, and the
-# CPU LoRA recipe on them, so the adapter has seen none of the tasks it is scored on; 4. all agents and
-# the baselines on the 50 tasks; 5. stats, tuned and tuned-mbr (and the baselines) on every eligible
-# task; 6. the candidate-pool ablation of tuned-mbr (bench/selection_bench.py); 7. a temporal split
-# beside leave-last-out: every review from the latest day that leaves at least 100 eligible tasks on (the
-# day is in tasks_temporal/manifest.json), with its own adapter trained only on reviews before that day,
-# and the agents and baselines on it (suite_temporal; its tables show the share of new items).
+# Per split (SPLIT): leave-last-out `all` (each user's latest review, every user with >= 2 older ones)
+# and `temporal` (every review from the latest day that leaves at least 100 eligible tasks on; the day
+# is in tasks_temporal/manifest.json):
+# 1. tasks_SPLIT, and val_SPLIT drawn like them from before them (data_prep.split --validation-for:
+#    leave-last-out, each task user's previous review; temporal, a temporal split of what precedes the
+#    cutoff); both manifests count the new items (no older review of the item);
+# 2. training pairs with both folders' pairs blocked (and, temporal, nothing from the test period), the
+#    demo recipe (configs/sft/smollm2_cpu.yaml, 50 steps) on them: sft_SPLIT;
+# 3. stats, stats-mbr and tuned-mbr with that adapter and the model-free baselines, the MBR agents'
+#    selection chosen on val_SPLIT (eval.suite --validation): suite_SPLIT.
+# Plus suite_50: the LLM agents without selection (asc-baseline, retrieval-llm, tuned) on the first 50
+# leave-last-out tasks. bench/quality_recipe.sh adds the CPU quality adapter's rows on both splits.
 # Each step resumes or skips finished work; the suites write compare.md, agents.md and claims.md.
 set -euo pipefail
 SAMPLE=${1:?usage: quality.sh amazon|yelp [OUT]}
@@ -28,21 +33,18 @@ esac
 set -x
 "$PY" -m data_prep.build "${BUILD[@]}" --out "$OUT/data"
 "$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/tasks_all" --min-history 2 --seed 0 --overwrite
-"$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/tasks_50" --min-history 2 --max-tasks 50 --seed 0 --overwrite
-[[ -f "$OUT/pairs/card.json" ]] || "$PY" -m data_prep.pairs --data "$OUT/data" --tasks "$OUT/tasks_all" \
-    --out "$OUT/pairs" --k-user 2 --k-item 1 --max-tokens 256
-"$PY" -m train.sft --config configs/sft/smollm2_cpu.yaml --pairs "$OUT/pairs" --output_dir "$OUT/sft"
-"$PY" -m eval.suite --data "$OUT/data" --tasks "$OUT/tasks_50" --adapter "$OUT/sft" \
-    --out "$OUT/suite_50" --visibility "$VISIBILITY"
-"$PY" -m eval.suite --kinds stats stats-mbr tuned tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_all" \
-    --adapter "$OUT/sft" --out "$OUT/suite_all" --visibility "$VISIBILITY"
-E="$OUT/suite_all/eval"
-"$PY" -m bench.selection_bench --run "$OUT/suite_all/sim/tuned-mbr" --data "$OUT/data" --tasks "$OUT/tasks_all" \
-    --out "$OUT/selection" --against tuned="$E/tuned" stats="$E/stats" nearest-centroid="$E/nearest-centroid"
 "$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/tasks_temporal" --strategy temporal --cutoff latest:100 \
     --min-history 2 --seed 0 --overwrite
-[[ -f "$OUT/pairs_temporal/card.json" ]] || "$PY" -m data_prep.pairs --data "$OUT/data" --tasks "$OUT/tasks_temporal" \
-    --out "$OUT/pairs_temporal" --k-user 2 --k-item 1 --max-tokens 256
-"$PY" -m train.sft --config configs/sft/smollm2_cpu.yaml --pairs "$OUT/pairs_temporal" --output_dir "$OUT/sft_temporal"
-"$PY" -m eval.suite --kinds stats stats-mbr tuned tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_temporal" \
-    --adapter "$OUT/sft_temporal" --out "$OUT/suite_temporal" --visibility "$VISIBILITY"
+"$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/tasks_50" --min-history 2 --max-tasks 50 --seed 0 --overwrite
+for SPLIT in all temporal; do
+    "$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/val_$SPLIT" --validation-for "$OUT/tasks_$SPLIT" \
+        --min-history 2 --seed 0 --overwrite
+    [[ -f "$OUT/pairs_$SPLIT/card.json" ]] || "$PY" -m data_prep.pairs --data "$OUT/data" --tasks "$OUT/val_$SPLIT" \
+        --out "$OUT/pairs_$SPLIT" --k-user 2 --k-item 1 --max-tokens 256
+    [[ -f "$OUT/sft_$SPLIT/training_card.json" ]] || "$PY" -m train.sft --config configs/sft/smollm2_cpu.yaml \
+        --pairs "$OUT/pairs_$SPLIT" --output_dir "$OUT/sft_$SPLIT"
+    "$PY" -m eval.suite --kinds stats stats-mbr tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_$SPLIT" \
+        --validation "$OUT/val_$SPLIT" --adapter "$OUT/sft_$SPLIT" --out "$OUT/suite_$SPLIT" --visibility "$VISIBILITY"
+done
+"$PY" -m eval.suite --kinds stats asc-baseline retrieval-llm tuned --data "$OUT/data" --tasks "$OUT/tasks_50" \
+    --adapter "$OUT/sft_all" --out "$OUT/suite_50" --visibility "$VISIBILITY"

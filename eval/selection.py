@@ -18,7 +18,9 @@ saw them; stars.GROUPS) the rule is:
 
 So on its own validation the rule never scores below the nearest-centroid baseline's text, and a gain
 on a handful of tasks is not enough. Only the pools whose sources the run has compete (a run without
-an LLM has no generated candidates), each once (without generated candidates, ``both`` is ``retrieved``).
+an LLM has no generated candidates), and an option that chooses the same review as an earlier one on
+every task is that option (``answer`` has one candidate: its weights are one option), so the Bonferroni
+count is the number of distinct options.
 Validation tasks whose target review the agent's adapter trained
 on are left out and counted (build its pairs with the validation folder as --tasks to have none).
 
@@ -152,10 +154,13 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     pools = distinct_pools({c["source"] for r in rows for c in r["candidates"]})
     options = {option_name(CENTROID, None): (CENTROID, 0.0)}
     options.update({option_name(p, w): (p, w) for p in pools for w in WEIGHTS})
-    per_option = {}
+    per_option, picks = {}, set()
     for name, (pool, weight) in options.items():
-        chosen = reselect(rows, vectors, expected, pool, weight)
-        per_option[name] = np.array([s[c["chosen"]] for s, c in zip(scores, chosen, strict=True)])
+        chosen = [c["chosen"] for c in reselect(rows, vectors, expected, pool, weight)]
+        if tuple(chosen) in picks:  # the same choice on every task as an earlier option: not another test
+            continue
+        picks.add(tuple(chosen))
+        per_option[name] = np.array([s[c] for s, c in zip(scores, chosen, strict=True)])
     groups = np.array([r["group"] for r in rows])
     validation, rule = {}, {}
     for group in GROUPS:
