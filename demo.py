@@ -4,12 +4,15 @@
     python demo.py --shared ../shared/data/raw --out runs/demo
 
 1. build the Amazon 2018 sample into a review store and print its report (data_prep.build);
-2. hold out each of 50 users' latest review as an evaluation task (data_prep.split, leave-last-out);
-3. build leakage-proof training pairs from the rest (data_prep.pairs) and fine-tune a LoRA adapter on
-   SmolLM2-135M-Instruct on the CPU (train.sft, configs/sft/smollm2_cpu.yaml), writing its loss curve;
-4. simulate the 50 held-out tasks with all six agents (stats, stats-mbr, asc-baseline, retrieval-llm,
-   tuned, tuned-mbr) and three model-free baselines, score everything with the offline evaluator and its
-   fidelity report, print the comparison table and write its chart (eval.suite).
+2. hold out each of 50 users' latest review as an evaluation task (data_prep.split, leave-last-out), and
+   draw validation tasks like them from before them (each of those users' previous review);
+3. build leakage-proof training pairs from the rest (data_prep.pairs: neither folder's reviews are
+   targets) and fine-tune a LoRA adapter on SmolLM2-135M-Instruct on the CPU (train.sft,
+   configs/sft/smollm2_cpu.yaml), writing its loss curve;
+4. simulate the 50 held-out tasks with four agents (stats, stats-mbr, tuned, tuned-mbr; the MBR agents'
+   selection chosen on the validation tasks) and three model-free baselines, score everything with the
+   offline evaluator and its fidelity report, print the comparison table and write its chart (eval.suite).
+   The same agents on a temporal split (later reviews) are in bench/README.md, which it points to.
 
 Rerunning resumes or skips what is done; a step whose inputs changed (new code that builds other
 pairs, say) is redone instead of mixed with the earlier work. Where ../shared/data/raw is absent it
@@ -57,6 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     out, started = args.out, time.perf_counter()
     data, tasks = out / "data" / "amazon", out / "tasks" / "amazon"
+    validation = out / "tasks" / "amazon_validation"
 
     print("\n=== 1. build the review store")
     report = build.main([*sample(args.shared, out), "--out", str(data), "--overwrite"])
@@ -64,6 +68,9 @@ def main() -> None:
 
     print("\n=== 2. split: leave-last-out, min history 2, 50 tasks")
     split.main(f"--data {data} --out {tasks} --min-history 2 --max-tasks 50 --seed 0 --overwrite".split())
+    split.main(
+        f"--data {data} --out {validation} --validation-for {tasks} --min-history 2 --overwrite".split()
+    )
     store = ReviewStore.open(data, tasks=tasks)
     task = json.loads((tasks / "tasks" / "task_0.json").read_text())
     visible = store.get_reviews(user_id=task["user_id"])
@@ -72,10 +79,12 @@ def main() -> None:
         f"task_0: {len(visible)} reviews of its user are visible; {len(hidden)} for the target pair (blocked)"
     )
 
-    print("\n=== 3. training pairs (task pairs blocked, only strictly older reviews shown) and LoRA SFT")
+    print(
+        "\n=== 3. training pairs (task and validation pairs blocked, only older reviews shown) and LoRA SFT"
+    )
     pairs_dir, adapter = out / "pairs" / "amazon", out / "sft" / "smollm2_lora"
     pairs.main(
-        f"--data {data} --tasks {tasks} --out {pairs_dir} --k-user 2 --k-item 1 --max-tokens 256".split()
+        f"--data {data} --tasks {validation} --out {pairs_dir} --k-user 2 --k-item 1 --max-tokens 256".split()
     )
     recipe = [
         "--config",
@@ -93,8 +102,15 @@ def main() -> None:
     )
     print(f"adapter, tokenizer, model card: {adapter}; loss curve: {adapter / 'loss.png'}")
 
-    print("\n=== 4. simulate the 50 held-out tasks with every agent and score them (offline evaluator)")
-    suite.run_suite(data, tasks, out / "suite" / "amazon", adapter, overwrite=True)
+    print("\n=== 4. simulate the 50 held-out tasks with four agents and score them (offline evaluator)")
+    kinds = ("stats", "stats-mbr", "tuned", "tuned-mbr")
+    suite.run_suite(
+        data, tasks, out / "suite" / "amazon", adapter, kinds, overwrite=True, validation=validation
+    )
+    print(
+        "\nlater reviews (a temporal split of both samples, 100 tasks each, with the share of new items): "
+        "bench/README.md, 'Review simulation on two splits' (bash bench/quality.sh amazon|yelp)"
+    )
     print(f"\ndemo finished in {(time.perf_counter() - started) / 60:.1f} min")
 
 

@@ -41,6 +41,7 @@ import random
 import sys
 from pathlib import Path
 
+from data_prep.fingerprint import task_folder_digest
 from data_prep.provenance import provenance
 from data_prep.schema import format_utc
 from data_prep.store import ReviewStore
@@ -364,6 +365,7 @@ def main(argv: list[str] | None = None) -> dict:
             "dir": str(args.validation_for),
             "strategy": drawn_for.get("strategy"),
             "validation_cutoff": counts.get("validation_cutoff"),
+            "tasks_digest": task_folder_digest(args.validation_for),  # what eval.suite checks
         }
         if args.validation_for
         else None,

@@ -123,19 +123,29 @@ def plugin_name(target: str) -> str:
 
 
 def claims_table(eval_root: Path, names: list[str], plugins: tuple[str, ...] = ()) -> str:
-    rows = [
-        "| claim | metric | difference | 95% CI (paired BCa bootstrap) | resamples > 0 | n |",
-        "|" + "---|" * 6,
-    ]
+    """Each claim as a paired difference with its 95% BCa interval, and a one-sided bootstrap p-value
+    ((1 + resamples <= 0) / (B + 1)) Holm-corrected over the table's claims (statsmodels), since a
+    table of many claims at 95% each would find some by chance."""
+    from statsmodels.stats.multitest import multipletests
+
     terms = {name: review.per_task_terms(eval_root / name) for name in names}  # each samples.jsonl once
     plugged = [(p, b, "overall") for p in plugins for b in ("stats", "nearest-centroid", "user-mean")]
+    found = []
     for a, b, metric in (*CLAIMS, *plugged):
         if a in names and b in names:
             d = paired_bootstrap(terms[a], terms[b], metric)
-            rows.append(
-                f"| {a} > {b} | {metric} | {d['difference']:+.4f} | [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] | "
-                f"{d['share_of_resamples_above_zero']:.1%} | {d['n']} |"
-            )
+            below = round(d["resamples"] * (1 - d["share_of_resamples_above_zero"]))
+            found.append((a, b, metric, d, (1 + below) / (d["resamples"] + 1)))
+    holm = multipletests([f[4] for f in found], method="holm")[1] if found else []
+    rows = [
+        "| claim | metric | difference | 95% CI (paired BCa bootstrap) | resamples > 0 | Holm p (one-sided) | n |",
+        "|" + "---|" * 7,
+    ]
+    for (a, b, metric, d, _), p in zip(found, holm, strict=True):
+        rows.append(
+            f"| {a} > {b} | {metric} | {d['difference']:+.4f} | [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] | "
+            f"{d['share_of_resamples_above_zero']:.1%} | {p:.3f} | {d['n']} |"
+        )
     return "\n".join(rows)
 
 
@@ -264,15 +274,13 @@ def uses_selection(kind: str) -> bool:
 
 
 def check_validation(validation: Path, tasks: Path) -> None:
-    """Refuse a validation folder that was not drawn for these tasks."""
+    """Refuse a validation folder that was not drawn for these tasks (by their digest, not their path)."""
+    from data_prep.fingerprint import task_folder_digest
+
     manifest_path = validation / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    drawn_for = (manifest.get("validation_for") or {}).get("dir")
-    if (
-        manifest.get("strategy") != "validation"
-        or not drawn_for
-        or Path(drawn_for).resolve() != tasks.resolve()
-    ):
+    drawn_for = (manifest.get("validation_for") or {}).get("tasks_digest")
+    if manifest.get("strategy") != "validation" or drawn_for != task_folder_digest(tasks):
         raise SystemExit(
             f"error: {validation} is not a validation folder drawn for {tasks} "
             f"(make one with python -m data_prep.split --validation-for {tasks})"

@@ -147,7 +147,7 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
         if pool == "answer":
             assert p.chosen == 0
     assert agent.llm.calls == [0.0, 0.8]  # one greedy pass, one sampling pass per batch
-    # re-choosing offline from the kept pools (bench/selection_bench.py) gives the agent's own choices
+    # re-choosing offline from the kept pools (eval.selection) gives the agent's own choices
     rows = [
         {"task_id": p.task_id, "stars": p.stars, "review": p.review, "candidates": p.candidates}
         for p in predictions

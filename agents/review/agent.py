@@ -15,8 +15,8 @@ fallback answers. A prediction never has an empty review. Retries and fallbacks 
 ``selection: mbr`` (LLM agents): the review is chosen from a pool of candidates (the LLM's answer,
 ``samples`` sampled answers, ``candidates_user`` + ``candidates_item`` retrieved real reviews) by minimum
 Bayes risk under cheap stand-ins of the metric (agents.review.select), never with the ground truth;
-every prediction keeps its pool (texts, sources, VADER compounds) so other pools and weights can be
-re-chosen offline (bench/selection_bench.py) without asking the LLM again.
+every prediction keeps its pool (texts, sources, VADER compounds), so eval.selection chooses the pool
+and weight per group on validation tasks without asking the LLM again (``selection_rule``).
 
 ``visibility: time-aware`` (the default): everything a prediction uses (retrieval, the calibrated stars
 and their choice, the baselines' history) is strictly older than the task's target.

@@ -2,9 +2,10 @@
 
 A watched film's stars come from the review simulator's star model (agents/review/stars.py, the same
 code as the review agents'), fitted on MovieLens's half-star ratings before the moment of the rating:
-per prediction, the candidate (the user's mean shrunk towards everyone's, their median, Koren's
-baseline with the film's bias, ...) with the lowest error on the validation ratings older than that
-moment, all of them only from what is older.
+per prediction, the user's median unless a candidate (the user's mean shrunk towards everyone's,
+Koren's baseline with the film's bias, ...) beats it by a paired margin on the validation ratings of
+the same group (a film with or without earlier ratings) older than that moment, all of them only from
+what is older.
 
 The LLM's own stars (a choice of 1-5 after the agent's profile and the memories the film recalls) blend
 in only where the model's blend rule says they help: ``llm_validation`` validation ratings, the most
