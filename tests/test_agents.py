@@ -8,6 +8,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -870,3 +871,23 @@ def test_an_adapter_on_another_architecture_is_refused_naming_its_base(tiny_mode
         assert ours() == []
         warn_other_base("other", "/somewhere/other", str(adapter))
     assert ours() == [f"the adapter {adapter} was trained on wide-llama; loading it on other"]
+
+
+def test_claims_carry_a_holm_corrected_one_sided_p(monkeypatch):
+    """Five claims apply: two with every task better (bootstrap p 1/2001 each), three with no difference
+    (p 1). Holm over five: 5/2001 and 4/2001 for the two, the second raised to the first, and 1."""
+    n = 40
+    base = {
+        "star": np.full(n, 0.2),
+        "sentiment": np.full(n, 0.2),
+        "emotion": np.full(n, 0.2),
+        "topic": np.full(n, 0.3),
+    }
+    better = {**base, "topic": np.linspace(0.1, 0.2, n)}  # every task's review scores higher
+    terms = {"stats": base, "user-mean": base, "stats-mbr": better, "nearest-centroid": base}
+    monkeypatch.setattr(suite.review, "per_task_terms", lambda folder: terms[folder.name])
+    rows = suite.table_rows(suite.claims_table(Path("eval"), list(terms)))
+    p = {(r["claim"], r["metric"]): float(r["Holm p (one-sided)"]) for r in rows}
+    assert p[("stats-mbr > stats", "review_generation")] == p[("stats-mbr > nearest-centroid", "overall")]
+    assert p[("stats-mbr > stats", "review_generation")] == pytest.approx(round(5 / 2001, 3))
+    assert p[("stats > user-mean", "preference_estimation")] == 1.0  # the same stars: no evidence
