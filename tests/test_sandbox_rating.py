@@ -55,7 +55,7 @@ def test_the_llm_blends_in_only_where_validation_shows_it_helps(ml):
     good, config = rater(ml, oracle, start)
     rows = [r for r in good.model.validation if r[3] < start][-60:]
     good.validate(rows, ml, embed, LLMMemoryModel(oracle), np.random.default_rng(0))
-    assert oracle.asked == 60 and good.blends([start])  # a near-perfect LLM earns its place
+    assert oracle.asked == 60 and good.blends([1], [start])  # a near-perfect LLM earns its place
     (agent,) = agents_at(ml, [414], [start], config, embed, LLMMemoryModel(oracle), np.random.default_rng(0))
     stars, sources = good.rate([agent], [1], [start], [0])
     assert sources[0].startswith("blend_") and oracle.asked == 61 and good.counts["llm_asked"] == 1
@@ -63,7 +63,7 @@ def test_the_llm_blends_in_only_where_validation_shows_it_helps(ml):
     bad, _ = rater(ml, liar, start)
     bad.validate(rows, ml, embed, LLMMemoryModel(liar), np.random.default_rng(0))
     stars, sources = bad.rate([agent], [1], [start], [0])
-    assert not bad.blends([start]) and liar.asked == 60  # validated, then never asked again
+    assert not bad.blends([1], [start]) and liar.asked == 60  # validated, then never asked again
     expected, names = bad.model.predict(["414"], ["1"], [start])
     assert stars == [float(np.rint(v * 2) / 2) for v in expected] and sources == names  # half stars
     assert 0.5 <= stars[0] <= 5 and (stars[0] * 2).is_integer()

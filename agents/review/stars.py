@@ -338,6 +338,15 @@ class StarModel:
         )
         self.report["blend_groups"] = self.blend.report(h.end)
 
+    def blend_options(self, items: list[str], times: list[int]) -> list[str]:
+        """The blend each (item, moment) would get where the LLM answers ("model": none), so a caller can
+        skip asking the LLM where no blend would be used."""
+        if self.blend is None:
+            return ["model"] * len(items)
+        _, i = self.history.codes([""] * len(items), items)
+        t = np.asarray(times, dtype=np.int64)
+        return self.blend.choose(t, self.history.item_known(i, t))
+
     def predict(
         self,
         users: list[str],

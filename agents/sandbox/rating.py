@@ -91,11 +91,9 @@ class Rater:
         self.counts = dict(state["counts"])
         self.load(state["validation_answers"])
 
-    def blends(self, moments: list[int]) -> bool:
-        """Whether the blend rule uses the LLM's stars at any of these moments."""
-        return self.model.blend is not None and any(
-            c != "model" for c in self.model.blend.choose(np.array(moments))
-        )
+    def blends(self, items: list[int], moments: list[int]) -> bool:
+        """Whether the blend rule uses the LLM's stars for any of these (film, moment)s."""
+        return any(c != "model" for c in self.model.blend_options([str(m) for m in items], list(moments)))
 
     def rate(
         self, agents, items: list[int], moments: list[int], rounds: list[int]
@@ -103,7 +101,7 @@ class Rater:
         """Stars for each (agent, film) as of its moment (the star model sees only older ratings), on
         the platform's half-star step (a rating a user could give), and what gave them."""
         answers = None
-        if self.blends(moments):
+        if self.blends(items, moments):
             answers = llm_stars(self.decider, agents, items, self.movies, moments, rounds)
             self.counts["llm_asked"] += len(answers)
             self.counts["llm_unusable"] += sum(a is None for a in answers)
