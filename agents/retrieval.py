@@ -45,9 +45,22 @@ def bm25_scores(query: str, documents: list[str], k1: float = 1.5, b: float = 0.
     return BM25(documents, k1, b).scores(query)
 
 
-def top_indices(scores: np.ndarray, k: int | None = None) -> np.ndarray:
-    """Indices of the k highest scores, best first, ties by index (all of them when k is None)."""
-    return np.argsort(-np.asarray(scores), kind="stable")[:k]
+TIE = 1e-5  # cosines closer than this are a tie (broken by position: the older review)
+
+
+def top_indices(scores: np.ndarray, k: int | None = None, tolerance: float = 0.0) -> np.ndarray:
+    """Indices of the k highest scores, best first, ties by index (all of them when k is None). With
+    ``tolerance``, scores within it of the best remaining one count as tied: float32 embeddings of one
+    text differ in the 7th digit with the batch they were encoded in, which must not decide a tie."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if tolerance <= 0:
+        return np.argsort(-scores, kind="stable")[:k]
+    remaining, order = list(range(len(scores))), []
+    while remaining and (k is None or len(order) < k):
+        best = scores[remaining].max()
+        order.append(next(i for i in remaining if scores[i] >= best - tolerance))
+        remaining.remove(order[-1])
+    return np.array(order, dtype=np.int64)
 
 
 class Retriever:
@@ -98,7 +111,7 @@ class Retriever:
             return []
         centroid = self.embed([r["text"] for r in reviews]).mean(axis=0)
         scores = self.embed([r["text"] for r in candidates]) @ centroid
-        return [candidates[i] for i in top_indices(scores, k)]
+        return [candidates[i] for i in top_indices(scores, k, tolerance=TIE)]
 
     def centroid_review(self, history: list[dict], item_reviews: list[dict]) -> dict | None:
         """What the nearest-centroid baseline writes (eval.baselines): the item's review nearest the

@@ -24,11 +24,11 @@ for S in amazon yelp; do
 done
 set -x
 for SPLIT in $SPLITS; do
-    [[ -f "$Q/pairs_quality_$SPLIT/card.json" ]] || "$PY" -m data_prep.pairs --data "$Q/amazon/data" "$Q/yelp/data" \
-        --tasks "$Q/amazon/val_$SPLIT" "$Q/yelp/val_$SPLIT" --out "$Q/pairs_quality_$SPLIT" \
-        --k-user 4 --k-item 2 --max-tokens 512
-    [[ -f "$Q/sft_quality_$SPLIT/training_card.json" ]] || "$PY" -m train.sft --config configs/sft/smollm2_cpu_quality.yaml --pairs "$Q/pairs_quality_$SPLIT" \
-        --output_dir "$Q/sft_quality_$SPLIT"
+    # rebuilt every time (seconds); train.sft resumes or skips the same inputs and retrains other ones
+    "$PY" -m data_prep.pairs --data "$Q/amazon/data" "$Q/yelp/data" --tasks "$Q/amazon/val_$SPLIT" \
+        "$Q/yelp/val_$SPLIT" --out "$Q/pairs_quality_$SPLIT" --k-user 4 --k-item 2 --max-tokens 512
+    "$PY" -m train.sft --config configs/sft/smollm2_cpu_quality.yaml --pairs "$Q/pairs_quality_$SPLIT" \
+        --output_dir "$Q/sft_quality_$SPLIT" --overwrite true
     for S in amazon yelp; do
         "$PY" -m eval.suite --kinds stats stats-mbr tuned-mbr --data "$Q/$S/data" --tasks "$Q/$S/tasks_$SPLIT" \
             --validation "$Q/$S/val_$SPLIT" --adapter "$Q/sft_quality_$SPLIT" --out "$Q/$S/suite_quality_$SPLIT" \

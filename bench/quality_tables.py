@@ -1,7 +1,8 @@
 """The review-simulation headline of bench/README.md from the suites that bench/quality.sh and
 bench/quality_recipe.sh wrote: per sample, split and adapter, the rows that the targets compare, the
 share of tasks about a new item, the selection rule chosen on validation, and the targets as paired
-differences (95% BCa intervals over tasks).
+differences (95% BCa intervals over tasks) with one-sided bootstrap p-values in both directions,
+Holm-corrected over every target printed.
 
     python -m bench.quality_tables                       # runs/quality -> stdout
     python -m bench.quality_tables --root runs/quality --out runs/quality/tables.md
@@ -17,13 +18,18 @@ import argparse
 import json
 from pathlib import Path
 
-from eval.metrics import paired_bootstrap
+import numpy as np
+from statsmodels.stats.multitest import multipletests
+
+from eval.metrics import paired_bootstrap, per_task_scores
 from eval.review import per_task_terms
 
 SAMPLES = ("amazon", "yelp")
 SPLITS = {"all": "leave-last-out", "temporal": "temporal"}
 ADAPTERS = {"suite": "demo recipe (50 steps)", "suite_quality": "CPU quality recipe"}
 ROWS = ("user-mean", "nearest-centroid", "stats", "stats-mbr", "tuned-mbr")
+ALPHA = 0.05
+RESAMPLES = 10_000  # enough for a Holm p under ALPHA over the ~70 tests of both adapters
 MODEL_FREE = ("nearest-centroid", "stats-mbr", "user-mean", "stats")  # the issue names the first three
 
 
@@ -61,7 +67,9 @@ def rule_note(suite: Path) -> str:
     return "; ".join(parts)
 
 
-def section(root: Path, sample: str, split: str, prefix: str) -> list[str]:
+def section(root: Path, sample: str, split: str, prefix: str, tests: list) -> list:
+    """One suite's lines; each target line is a callable filled in once every target's Holm-corrected
+    p is known (``tests`` collects the one-sided bootstrap p of each target, both directions)."""
     suite = root / sample / f"{prefix}_{split}"
     title = f"**{sample.capitalize()}, {SPLITS[split]}, {ADAPTERS[prefix]}**"
     if not (suite / "claims.md").exists():
@@ -82,24 +90,43 @@ def section(root: Path, sample: str, split: str, prefix: str) -> list[str]:
             f"| {name} | {r['preference_estimation']:.4f} | {r['review_generation']:.4f} | "
             f"{r['overall']:.4f} | {cold} |"
         )
-    lines += ["", "| target | difference [95% CI] | holds? |", "|---|---|---|"]
-    for other in MODEL_FREE:
-        d = paired_bootstrap(terms["tuned-mbr"], terms[other], "overall")
-        lines.append(f"| tuned-mbr ≥ {other}, overall | {interval(d)} | {verdict(d)} |")
-    d = paired_bootstrap(terms["stats"], terms["nearest-centroid"], "preference_estimation")
-    lines.append(f"| stats ≥ the user's median, PE | {interval(d)} | {verdict(d)} |")
+    lines += ["", "| target | difference [95% CI] | Holm p: ahead / behind | holds? |", "|---|---|---|---|"]
+    wanted = [(f"tuned-mbr ≥ {o}, overall", "tuned-mbr", o, "overall") for o in MODEL_FREE]
+    wanted.append(("stats ≥ the user's median, PE", "stats", "nearest-centroid", "preference_estimation"))
+    for label, a, b, metric in wanted:
+        ahead, behind = (
+            paired_bootstrap(terms[a], terms[b], metric),
+            paired_bootstrap(terms[b], terms[a], metric),
+        )
+        same = bool(np.all(per_task_scores(terms[a], metric) == per_task_scores(terms[b], metric)))
+        k = len(tests)
+        if not same:  # identical predictions are no test
+            tests += [one_sided_p(ahead), one_sided_p(behind)]
+        lines.append(
+            lambda holm, label=label, d=ahead, k=k, same=same: row(
+                label, d, None if same else holm[k : k + 2]
+            )
+        )
     return [*lines, ""]
 
 
-def verdict(d: dict) -> str:
-    low, high = d["ci95"]
-    if low > 0:
-        return "yes, ahead"
-    if low == high == 0:
-        return "yes, equal (the same predictions)"
-    if high < 0:
-        return "**no: behind**"
-    return "not separable (interval holds 0)"
+def one_sided_p(d: dict) -> float:
+    """(1 + resamples whose mean is not above zero) / (B + 1): the bootstrap p of "difference > 0"."""
+    below = round(d["resamples"] * (1 - d["share_of_resamples_above_zero"]))
+    return (1 + below) / (d["resamples"] + 1)
+
+
+def row(label: str, d: dict, holm) -> str:
+    if holm is None:
+        return f"| {label} | {interval(d)} | – | yes, equal (the same predictions) |"
+    ahead, behind = holm
+    if ahead < ALPHA:
+        verdict = "yes, ahead"
+    elif behind < ALPHA:
+        verdict = "**no: behind**"
+    else:
+        verdict = "not separable"
+    return f"| {label} | {interval(d)} | {ahead:.3f} / {behind:.3f} | {verdict} |"
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -109,12 +136,18 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--root", type=Path, default=Path("runs/quality"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    lines = []
+    lines, tests = [], []
     for sample in SAMPLES:
         for split in SPLITS:
             for prefix in ADAPTERS:
-                lines += section(args.root, sample, split, prefix)
-    text = "\n".join(lines)
+                lines += section(args.root, sample, split, prefix, tests)
+    holm = multipletests(tests, method="holm")[1] if tests else []
+    text = "\n".join(line(holm) if callable(line) else line for line in lines)
+    text += (
+        f"\n\nHolm p: one-sided paired bootstrap p-values ((1 + resamples not past zero) / (B + 1)), "
+        f"both directions of every target above, Holm-corrected together ({len(tests)} tests); a target "
+        f"is ahead or behind where that p is under {ALPHA}.\n"
+    )
     if args.out:
         args.out.write_text(text)
     print(text)

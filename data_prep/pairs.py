@@ -11,7 +11,9 @@ target; the completion is ``stars: S\\nreview: TEXT``. Examples are split into t
 user (no user is in both). With a temporal task folder, only reviews older than its cutoff become
 targets (--before sets another moment), so no adapter learns from the test period. A validation folder
 (data_prep.split --validation-for) as --tasks blocks its own pairs and those of the tasks it was drawn
-for, and keeps their cutoff: an adapter trained so has seen neither.
+for; drawn for temporal tasks, it keeps training targets before its own cutoff (the start of the
+validation period), so an adapter trained so has seen neither period, and the validation runs are
+made with an adapter as much in the past as the tasks' runs.
 
 Writes PAIRS_DIR/dataset (a datasets.DatasetDict, conversational prompt/completion plus metadata),
 train.jsonl, validation.jsonl, card.json and README.md (counts, token-length percentiles, how it was
@@ -127,6 +129,17 @@ def percentiles(values: list[int]) -> dict[str, int]:
     return {f"p{q}": int(np.percentile(arr, q)) for q in (50, 90, 99)} | {"max": int(arr.max())}
 
 
+def training_cutoff(manifest: dict) -> str | None:
+    """Where a task folder's training targets must end: a temporal folder's cutoff; for a validation
+    folder drawn for temporal tasks, its own cutoff (the start of the validation period), so the
+    adapter has seen no more of the validation period than of the test period; else none."""
+    if manifest.get("strategy") == "temporal":
+        return manifest.get("cutoff")
+    if manifest.get("strategy") == "validation":
+        return (manifest.get("validation_for") or {}).get("validation_cutoff") or manifest.get("cutoff")
+    return None
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -168,9 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
     for data, tasks in zip(args.data, args.tasks, strict=True):
         manifest_path = tasks / "manifest.json"
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-        # a temporal folder's cutoff, or that of the tasks a validation folder was drawn for
-        test_period = manifest.get("strategy") in ("temporal", "validation")
-        before = args.before or (manifest.get("cutoff") if test_period else None)
+        before = args.before or training_cutoff(manifest)
         store = ReviewStore.open(data, tasks=tasks)
         if len(args.data) > 1:
             users = {r[1] for r in store.visible_ratings()} | {t["user_id"] for t in read_tasks(tasks)}

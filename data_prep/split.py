@@ -45,7 +45,7 @@ from data_prep.fingerprint import task_folder_digest
 from data_prep.provenance import provenance
 from data_prep.schema import format_utc
 from data_prep.store import ReviewStore
-from data_prep.tasks import read_targets, read_tasks, write_tasks
+from data_prep.tasks import blocked_pairs, read_targets, read_tasks, write_tasks
 
 # A candidate target with the number of the user's reviews strictly older than it on other items.
 _HISTORY = """
@@ -267,6 +267,10 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--validation-for takes its strategy from TASKS: give no --strategy")
     if args.validation_for and args.cutoff and not args.cutoff.startswith("latest:"):
         parser.error("--validation-for takes --cutoff latest:N only (a temporal TASKS: N validation targets)")
+    if args.validation_for and args.cutoff:
+        drawn = json.loads((args.validation_for / "manifest.json").read_text()).get("strategy")
+        if drawn != "temporal":
+            parser.error(f"--cutoff latest:N is for a temporal TASKS; {args.validation_for} is {drawn}")
 
     if args.strategy == "temporal" and not args.cutoff and not args.import_official:
         parser.error("--strategy temporal needs --cutoff")
@@ -332,7 +336,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "blocked_pairs.json").unlink(missing_ok=True)
     if args.validation_for:
-        pairs = sorted({(t["user_id"], t["item_id"]) for t in read_tasks(args.validation_for)})
+        pairs = sorted(set(blocked_pairs(args.validation_for)))  # its tasks' and what they hide
         (args.out / "blocked_pairs.json").write_text(json.dumps([list(p) for p in pairs]))
     write_tasks(args.out, chosen)
     counts.update(new_item_share(ReviewStore.open(args.data, tasks=args.out), chosen))
@@ -354,17 +358,19 @@ def main(argv: list[str] | None = None) -> dict:
         "strategy": strategy,
         "seed": args.seed,
         "min_history": args.min_history,
-        # the first moment of the test period (what data_prep.pairs keeps training before); a latest:N
-        # request is resolved to its day here and kept as asked in cutoff_requested
+        # the first moment of the test period; a latest:N request is resolved to its day here and kept
+        # as asked in cutoff_requested. A validation folder keeps its tasks' cutoff here, and where its
+        # own period starts in validation_for.validation_cutoff (what data_prep.pairs trains before)
         "cutoff": drawn_for.get("cutoff")
         if args.validation_for
         else counts.get("cutoff_chosen", args.cutoff),
-        "cutoff_requested": args.cutoff,
+        "cutoff_requested": None if args.validation_for else args.cutoff,
         "max_tasks": args.max_tasks,
         "validation_for": {
             "dir": str(args.validation_for),
             "strategy": drawn_for.get("strategy"),
-            "validation_cutoff": counts.get("validation_cutoff"),
+            "validation_cutoff": counts.get("validation_cutoff"),  # where its own period starts
+            "cutoff_requested": args.cutoff,
             "tasks_digest": task_folder_digest(args.validation_for),  # what eval.suite checks
         }
         if args.validation_for

@@ -18,11 +18,11 @@ saw them; stars.GROUPS) the rule is:
 
 So on its own validation the rule never scores below the nearest-centroid baseline's text, and a gain
 on a handful of tasks is not enough. Only the pools whose sources the run has compete (a run without
-an LLM has no generated candidates), and an option that chooses the same review as an earlier one on
-every task is that option (``answer`` has one candidate: its weights are one option), so the Bonferroni
-count is the number of distinct options.
-Validation tasks whose target review the agent's adapter trained
-on are left out and counted (build its pairs with the validation folder as --tasks to have none).
+an LLM has no generated candidates), and within a group an option that chooses the same review as an
+earlier one on every task of the group is that option (``answer`` has one candidate: its weights are
+one option), so the Bonferroni count is the number of distinct options in the group. Validation tasks
+whose target review the agent's adapter trained on are left out and counted (build its pairs with the
+validation folder as --tasks to have none). The run must have run on --tasks (by the folder's digest).
 
 Writes OUT/rule.json (what an agent config's ``selection_rule`` reads), OUT/rule.md (per group: every
 option's mean, gain over ``centroid`` and its lower bound, and the choice) and OUT/provenance.json.
@@ -41,6 +41,7 @@ from agents.encoders import packaged_minilm
 from agents.retrieval import Retriever
 from agents.review.select import CENTROID, POOLS, SentimentByStars, centroid_of, reselect
 from agents.review.stars import GROUPS
+from data_prep.fingerprint import task_folder_digest
 from data_prep.paths import cache_dir
 from data_prep.provenance import provenance
 from data_prep.store import ReviewStore
@@ -124,11 +125,21 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
         (json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines() if line.strip()),
         key=lambda r: r["task_id"],
     )
-    if not rows or any("candidates" not in r or "group" not in r for r in rows):
+    if not rows or any("candidates" not in r for r in rows):
         raise SystemExit(f"error: {run}/predictions.jsonl has no candidate pools (run with selection: mbr)")
-    if any(centroid_of(r) is None for r in rows):
-        missing = sum(centroid_of(r) is None for r in rows)
-        raise SystemExit(f"error: {missing} pools of {run} lack the nearest-centroid review: rerun the agent")
+    if any("group" not in r for r in rows):
+        raise SystemExit(
+            f"error: {run} was made before pools carried their group and the nearest-centroid review: "
+            "rerun the agent (agents.simulate --overwrite true)"
+        )
+    if missing := [r["task_id"] for r in rows if centroid_of(r) is None]:
+        raise SystemExit(
+            f"error: {len(missing)} tasks of {run} (e.g. {missing[0]}) have no nearest-centroid review: their "
+            "user has no visible review; draw the validation folder with --min-history 1 or more"
+        )
+    ran_on = json.loads((run / "fingerprint.json").read_text())["inputs"].get("tasks")
+    if ran_on != task_folder_digest(task_dir):
+        raise SystemExit(f"error: {run} was not run on {task_dir} (another task folder's digest)")
     manifest = json.loads((task_dir / "manifest.json").read_text())
     if manifest.get("strategy") != "validation":
         raise SystemExit(
@@ -154,18 +165,19 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     pools = distinct_pools({c["source"] for r in rows for c in r["candidates"]})
     options = {option_name(CENTROID, None): (CENTROID, 0.0)}
     options.update({option_name(p, w): (p, w) for p in pools for w in WEIGHTS})
-    per_option, picks = {}, set()
+    chosen_by, per_option = {}, {}
     for name, (pool, weight) in options.items():
-        chosen = [c["chosen"] for c in reselect(rows, vectors, expected, pool, weight)]
-        if tuple(chosen) in picks:  # the same choice on every task as an earlier option: not another test
-            continue
-        picks.add(tuple(chosen))
-        per_option[name] = np.array([s[c] for s, c in zip(scores, chosen, strict=True)])
+        chosen_by[name] = np.array([c["chosen"] for c in reselect(rows, vectors, expected, pool, weight)])
+        per_option[name] = np.array([s[c] for s, c in zip(scores, chosen_by[name], strict=True)])
     groups = np.array([r["group"] for r in rows])
     validation, rule = {}, {}
     for group in GROUPS:
-        mask = groups == group
-        validation[group] = decide({k: v[mask] for k, v in per_option.items()})
+        mask, seen, distinct = groups == group, set(), {}
+        for name in options:  # an option choosing what an earlier one does on every task here is that option
+            if (key := tuple(chosen_by[name][mask])) not in seen:
+                seen.add(key)
+                distinct[name] = per_option[name][mask]
+        validation[group] = decide(distinct)
         pool, weight = options[validation[group]["chosen"]]
         rule[group] = {"pool": pool, "sentiment_weight": weight}
     return {
@@ -174,8 +186,7 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
         "rule": f"per group: {CENTROID} unless an option's paired gain over it has a one-sided "
         f"{1 - ALPHA:.0%} lower bound above zero (Bonferroni over the other options) on >= {MIN_TASKS} "
         "tasks; then the highest mean of those",
-        "run": str(run),
-        "tasks": str(task_dir),
+        "validation_tasks_digest": ran_on,  # the folder by its contents: paths are in provenance.json
         "validation_tasks": len(rows),
         "left_out_adapter_trained": len(left_out),
         "backend": backend,
@@ -199,13 +210,14 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write(report: dict, out: Path) -> Path:
-    """rule.json holds only what the choice depends on (the same inputs give the same bytes, so a run
-    that reads it resumes); when it was made is in provenance.json."""
+def write(report: dict, out: Path, run: Path, task_dir: Path) -> Path:
+    """rule.json holds only what the choice depends on (the same inputs give the same bytes wherever the
+    folders are, so a run that reads it resumes); which run and folder, and when, are in provenance.json."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "rule.json").write_text(json.dumps(report, indent=2))
     (out / "rule.md").write_text(table(report))
-    (out / "provenance.json").write_text(json.dumps(provenance(), indent=2))
+    where = {"run": str(run), "tasks": str(task_dir), **provenance()}
+    (out / "provenance.json").write_text(json.dumps(where, indent=2))
     return out / "rule.json"
 
 
@@ -220,7 +232,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--backend", choices=["offline", "official"], default="offline")
     args = parser.parse_args(argv)
     report = choose_rule(args.run, args.data, args.tasks, args.backend)
-    path = write(report, args.out)
+    path = write(report, args.out, args.run, args.tasks)
     print(table(report) + f"-> {path}")
     return path
 

@@ -105,7 +105,7 @@ def agents_table(runs: dict[str, Path]) -> str:
                 + f" ({rule['validation'][group]['tasks']} validation tasks)"
                 for group, r in rule["groups"].items()
             )
-            notes.append(f"{name}: reviews chosen by the rule chosen on {rule['tasks']}: {chosen}")
+            notes.append(f"{name}: reviews chosen by the rule chosen on the validation tasks: {chosen}")
         trained = s.get("adapter_training_data")
         if trained and trained["latest_training_review"] is None:
             notes.append(f"{name}: the adapter trained on none of this store's reviews")
@@ -221,7 +221,8 @@ def run_suite(
             on_validation = out / "validation" / "sim" / kind
             simulate.main([*agent, "--tasks", str(validation), "--out", str(on_validation)])
             report = selection.choose_rule(on_validation, data, validation, backend)
-            agent += ["--selection_rule", str(selection.write(report, out / "validation" / kind))]
+            rule = selection.write(report, out / "validation" / kind, on_validation, validation)
+            agent += ["--selection_rule", str(rule)]
         simulate.main([*agent, "--tasks", str(tasks), "--out", str(run)])
         scored[kind] = score(
             tasks, run / "predictions.jsonl", out / "eval" / kind, backend, data, wandb, where

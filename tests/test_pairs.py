@@ -49,7 +49,7 @@ def test_pairs_from_several_stores_block_each_stores_own_tasks(raw, yelp_store, 
         make_pairs([amazon, yelp_store], [ta], tmp_path / "bad")
 
 
-def test_pairs_for_a_validation_folder_keep_out_both_folders_and_the_test_period(yelp_store, tmp_path):
+def test_pairs_for_a_validation_folder_keep_out_both_folders_and_both_periods(yelp_store, tmp_path):
     from data_prep import split
     from data_prep.store import to_epoch
 
@@ -57,11 +57,13 @@ def test_pairs_for_a_validation_folder_keep_out_both_folders_and_the_test_period
     test = split.main(
         f"--data {yelp_store} --out {tasks} --strategy temporal --cutoff 2016-06-01 --min-history 2".split()
     )
-    split.main(f"--data {yelp_store} --out {val} --validation-for {tasks} --min-history 2".split())
+    drawn = split.main(f"--data {yelp_store} --out {val} --validation-for {tasks} --min-history 2".split())
     card = make_pairs([yelp_store], [val], tmp_path / "pairs")
     made = rows(tmp_path / "pairs")
     hidden = {(t["user_id"], t["item_id"]) for folder in (tasks, val) for t in read_tasks(folder)}
     assert made and not hidden & {(r["user_id"], r["item_id"]) for r in made}
     assert card["data"][0]["blocked_task_pairs"] == len(hidden)
-    assert card["data"][0]["targets_before"] == test["cutoff"]
-    assert all(to_epoch(r["date"]) < to_epoch(test["cutoff"]) for r in made)
+    # nothing from the validation period either: the validation runs' adapter is as old as the tasks'
+    start = drawn["validation_for"]["validation_cutoff"]
+    assert to_epoch(start) < to_epoch(test["cutoff"]) and card["data"][0]["targets_before"] == start
+    assert all(to_epoch(r["date"]) < to_epoch(start) for r in made)

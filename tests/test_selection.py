@@ -82,7 +82,7 @@ def test_every_pool_holds_the_nearest_centroid_review_and_a_rule_is_followed_per
         new = not agent.store.has_reviews(item_id=task["item_id"], before=task["ts"])
         assert p.group == ("new_item" if new else "item_with_history")
         if new:
-            assert p.review == baseline[task["task_id"]] and p.selection == "new_item: centroid w0"
+            assert p.review == baseline[task["task_id"]] and p.selection == "new_item: centroid"
         else:  # MBR over the retrieved reviews with weight 0
             sources = [c["source"] for c in p.candidates]
             vectors = agent.retriever.embed([c["text"] for c in p.candidates])
@@ -143,7 +143,9 @@ def test_the_suite_chooses_the_rule_on_validation_and_the_run_is_fingerprinted_b
     (tmp_path / "adapter" / "training_data.json").write_text(json.dumps({"train_review_ids": trained}))
     (run / "summary.json").write_text(json.dumps({**summary, "llm": {"adapter": str(tmp_path / "adapter")}}))
     assert selection.choose_rule(run, yelp_store, val)["left_out_adapter_trained"] == 5
-    with pytest.raises(SystemExit, match="not a validation folder"):
+    with pytest.raises(SystemExit, match="was not run on"):
         selection.choose_rule(run, yelp_store, tasks)
+    with pytest.raises(SystemExit, match="not a validation folder"):  # a rule chosen on the scored tasks
+        selection.choose_rule(out / "sim" / "stats-mbr", yelp_store, tasks)
     with pytest.raises(SystemExit, match="not a validation folder drawn for"):
         suite.run_suite(yelp_store, val, tmp_path / "x", adapter=None, kinds=("stats-mbr",), validation=val)

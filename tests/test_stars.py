@@ -177,3 +177,13 @@ def test_blends_with_llm_stars_only_where_validation_says_so():
     liar = StarModel(ratings, min_validation=30, min_blend=8)
     liar.set_llm_validation({r[0]: 6 - r[4] for r in rows})  # always wrong
     assert not liar.predict(["u1"], ["i1"], [late], llm_stars=[1.0])[1][0].startswith("blend")
+
+
+def test_the_bonferroni_count_is_the_candidates_the_model_has():
+    from agents.review.stars import CANDIDATES, STAR_Z
+
+    h = History(SMALL)
+    u, i = h.codes(["u1"], ["i1"])
+    names = h.candidates(u, i, np.array([4]))
+    assert len(names) == CANDIDATES == 18 and BASELINE in names
+    assert STAR_Z == pytest.approx(2.7543, abs=1e-4)  # the normal quantile of 1 - 0.05 / 17

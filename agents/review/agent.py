@@ -53,6 +53,9 @@ MBR_FIELDS = (
     "selection_rule",
 )
 VISIBILITY = ("time-aware", "official")
+# What an MBR pool holds, in a run's fingerprint: 2 = the nearest-centroid review marked in every pool,
+# each prediction's group, cosine ties within agents.retrieval.TIE broken by position.
+POOL_VERSION = 2
 # Per task: first answers, unusable ones, retries (and those that worked), fallbacks, answers cut at
 # max_new_tokens, answers asked for a constraint the backend could not enforce.
 COUNTS = (
@@ -480,7 +483,8 @@ class ReviewAgent:
             sources = [s for _, s in pool]
             pool_name, weight = self.rule(ctx)
             p.group = self.group(ctx)
-            p.selection = f"{p.group}: {pool_name} w{weight:g}" if self.selection_rule else None
+            label = pool_name if pool_name == "centroid" else f"{pool_name} w{weight:g}"
+            p.selection = f"{p.group}: {label}" if self.selection_rule else None
             p.chosen = choose(sources, v, c, target, weight, pool_name, centroid)
             if p.chosen is None:  # e.g. retrieved only, for a user with no history: the LLM's answer
                 p.counts["empty_pool"] += 1

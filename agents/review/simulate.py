@@ -39,7 +39,7 @@ from tqdm import tqdm
 from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig
 from agents.review import official
-from agents.review.agent import COUNTS, MBR_FIELDS, AgentConfig, ReviewAgent
+from agents.review.agent import COUNTS, MBR_FIELDS, POOL_VERSION, AgentConfig, ReviewAgent
 from agents.runs import drop_cut_line
 from data_prep import fingerprint
 from data_prep.provenance import provenance
@@ -128,6 +128,8 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
     if agent_config.selection == "answer":  # the pool's settings decide nothing then
         agent = {k: v for k, v in agent.items() if k not in (*MBR_FIELDS, "selection")}
     agent.pop("selection_rule", None)  # by its contents (below), not its path
+    if agent_config.selection == "mbr":
+        agent["pool_version"] = POOL_VERSION
     return {
         "agent": agent,
         "llm": {k: v for k, v in keep(llm_config).items() if k != "adapter"} if uses_llm else None,
