@@ -95,8 +95,8 @@ def section(root: Path, sample: str, split: str, prefix: str, tests: list) -> li
     wanted.append(("stats ≥ the user's median, PE", "stats", "nearest-centroid", "preference_estimation"))
     for label, a, b, metric in wanted:
         ahead, behind = (
-            paired_bootstrap(terms[a], terms[b], metric),
-            paired_bootstrap(terms[b], terms[a], metric),
+            paired_bootstrap(terms[a], terms[b], metric, resamples=RESAMPLES),
+            paired_bootstrap(terms[b], terms[a], metric, resamples=RESAMPLES),
         )
         same = bool(np.all(per_task_scores(terms[a], metric) == per_task_scores(terms[b], metric)))
         k = len(tests)
