@@ -74,6 +74,8 @@ def section(root: Path, sample: str, split: str, prefix: str, tests: list) -> li
     title = f"**{sample.capitalize()}, {SPLITS[split]}, {ADAPTERS[prefix]}**"
     if not (suite / "claims.md").exists():
         return [f"{title}: not run ({suite} has no claims.md)", ""]
+    if missing := [n for n in ROWS if not (suite / "eval" / n / "results.json").exists()]:
+        return [f"{title}: incomplete ({suite} has no results for {', '.join(missing)})", ""]
     results = {n: json.loads((suite / "eval" / n / "results.json").read_text()) for n in ROWS}
     terms = {n: per_task_terms(suite / "eval" / n) for n in ROWS}
     lines = [

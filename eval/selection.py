@@ -12,8 +12,9 @@ review-generation score per task; and per group of tasks (new item or item with 
 saw them; stars.GROUPS) the rule is:
 
 - ``centroid`` unless an option beats it by a paired margin: its mean gain over ``centroid`` has a
-  one-sided lower bound above zero (normal approximation, Bonferroni over the other options) on at
-  least MIN_TASKS tasks of the group;
+  one-sided lower bound above zero (normal approximation) and an exact sign test on the tasks where
+  it chose another review rejects "no better", both at the Bonferroni level over the other options,
+  on at least MIN_TASKS tasks of the group;
 - then, of those, the option with the highest mean.
 
 So on its own validation the rule never scores below the nearest-centroid baseline's text, and a gain
@@ -35,17 +36,17 @@ import json
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import norm
+from scipy.stats import binomtest, norm
 
 from agents.encoders import packaged_minilm
 from agents.retrieval import Retriever
-from agents.review.select import CENTROID, POOLS, SentimentByStars, centroid_of, reselect
+from agents.review.select import CENTROID, POOLS, SentimentByStars, centroid_of, chosen_for, reselect
 from agents.review.stars import GROUPS
 from data_prep.fingerprint import task_folder_digest
 from data_prep.paths import cache_dir
 from data_prep.provenance import provenance
 from data_prep.store import ReviewStore
-from data_prep.tasks import read_groundtruth, read_targets
+from data_prep.tasks import read_groundtruth, read_targets, read_tasks
 from eval.backends import build_scorers
 from eval.metrics import per_task_scores
 from eval.scoring import ScoreCache, score_pairs
@@ -61,21 +62,36 @@ def option_name(pool: str, weight: float | None) -> str:
 
 def decide(scores: dict[str, np.ndarray], minimum: int = MIN_TASKS) -> dict:
     """The rule for one group: ``scores`` maps each option to its per-task review-generation scores
-    (one array per option, the same tasks in the same order, CENTROID among them)."""
+    (one array per option, the same tasks in the same order, CENTROID among them).
+
+    An option passes when, at the Bonferroni level over the other options, both its mean gain's normal
+    lower bound is above zero and an exact sign test on the tasks where it chose another review than
+    ``centroid`` (gain not 0) rejects "as likely worse as better": an option that differs on a few
+    tasks, all gains, has a tiny spread and would pass the normal bound alone."""
     base = scores[CENTROID]
     n, others = len(base), len(scores) - 1
-    z = float(norm.isf(ALPHA / max(others, 1)))
+    level = ALPHA / max(others, 1)
+    z = float(norm.isf(level))
     table, eligible = {}, []
     for name, values in scores.items():
         gain = values - base
         mean = float(gain.mean()) if n else 0.0
         spread = float(gain.std(ddof=1)) if n > 1 else 0.0
         lower = mean - z * spread / np.sqrt(max(n, 1))
-        table[name] = {"mean": float(values.mean()) if n else None, "gain": mean, "lower": lower}
-        if name != CENTROID and n >= minimum and n > 1 and lower > 0:
+        wins, differ = int((gain > 0).sum()), int((gain != 0).sum())
+        sign_p = float(binomtest(wins, differ, 0.5, alternative="greater").pvalue) if differ else 1.0
+        table[name] = {
+            "mean": float(values.mean()) if n else None,
+            "gain": mean,
+            "lower": lower,
+            "differ": differ,
+            "wins": wins,
+            "sign_p": sign_p,
+        }
+        if name != CENTROID and n >= minimum and n > 1 and lower > 0 and sign_p < level:
             eligible.append(name)
     chosen = max(eligible, key=lambda k: (table[k]["mean"], k)) if eligible else CENTROID
-    return {"tasks": n, "z": z, "chosen": chosen, "options": table}
+    return {"tasks": n, "z": z, "level": level, "chosen": chosen, "options": table}
 
 
 def distinct_pools(present: set[str]) -> list[str]:
@@ -111,13 +127,19 @@ def candidate_scores(rows: list[dict], task_dir: Path, backend: str) -> list[np.
 
 
 def trained_on(run: Path) -> set[str]:
-    """The review ids the run's adapter trained on (none without an adapter)."""
+    """The review ids the run's adapter trained on (none without an adapter); an adapter without its
+    training_data.json (train.sft writes it) is refused, as its training reviews cannot be left out."""
     summary = json.loads((run / "summary.json").read_text())
     adapter = (summary.get("llm") or {}).get("adapter")
-    path = Path(adapter or "") / "training_data.json"
-    return (
-        set(json.loads(path.read_text()).get("train_review_ids", [])) if adapter and path.exists() else set()
-    )
+    if not adapter:
+        return set()
+    path = Path(adapter) / "training_data.json"
+    if not path.exists():
+        raise SystemExit(
+            f"error: {run}'s adapter {adapter} has no training_data.json here: the validation tasks it "
+            "trained on cannot be left out (run from the folder the run was made in, or retrain with train.sft)"
+        )
+    return set(json.loads(path.read_text()).get("train_review_ids", []))
 
 
 def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline") -> dict:
@@ -137,9 +159,17 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
             f"error: {len(missing)} tasks of {run} (e.g. {missing[0]}) have no nearest-centroid review: their "
             "user has no visible review; draw the validation folder with --min-history 1 or more"
         )
-    ran_on = json.loads((run / "fingerprint.json").read_text())["inputs"].get("tasks")
+    inputs = json.loads((run / "fingerprint.json").read_text())["inputs"]
+    ran_on = inputs.get("tasks")
     if ran_on != task_folder_digest(task_dir):
         raise SystemExit(f"error: {run} was not run on {task_dir} (another task folder's digest)")
+    if len(rows) != len(expected_ids := {t["task_id"] for t in read_tasks(task_dir)}) or any(
+        r["task_id"] not in expected_ids for r in rows
+    ):
+        raise SystemExit(
+            f"error: {run} predicted {len(rows)} of the {len(expected_ids)} validation tasks: finish the run "
+            "(agents.simulate resumes) before choosing a rule on it"
+        )
     manifest = json.loads((task_dir / "manifest.json").read_text())
     if manifest.get("strategy") != "validation":
         raise SystemExit(
@@ -184,8 +214,10 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
         "groups": rule,
         "validation": validation,
         "rule": f"per group: {CENTROID} unless an option's paired gain over it has a one-sided "
-        f"{1 - ALPHA:.0%} lower bound above zero (Bonferroni over the other options) on >= {MIN_TASKS} "
-        "tasks; then the highest mean of those",
+        f"{1 - ALPHA:.0%} lower bound above zero and an exact sign test on the tasks where it differs "
+        f"rejects at that level (Bonferroni over the other options), on >= {MIN_TASKS} tasks; then the "
+        "highest mean of those",
+        "chosen_for": chosen_for(inputs),  # agents.simulate refuses the rule in a run with other settings
         "validation_tasks_digest": ran_on,  # the folder by its contents: paths are in provenance.json
         "validation_tasks": len(rows),
         "left_out_adapter_trained": len(left_out),
@@ -200,12 +232,15 @@ def table(report: dict) -> str:
         lines += [
             f"**{group}** ({v['tasks']} validation tasks, z {v['z']:.3f}): chosen **{v['chosen']}**",
             "",
-            "| option | RG | gain over centroid | one-sided lower bound |",
-            "|---|---|---|---|",
+            "| option | RG | gain over centroid | one-sided lower bound | tasks differing (gains) | sign-test p |",
+            "|---|---|---|---|---|---|",
         ]
         for name, o in sorted(v["options"].items(), key=lambda kv: -(kv[1]["mean"] or 0)):
             mean = f"{o['mean']:.4f}" if o["mean"] is not None else "–"
-            lines.append(f"| {name} | {mean} | {o['gain']:+.4f} | {o['lower']:+.4f} |")
+            lines.append(
+                f"| {name} | {mean} | {o['gain']:+.4f} | {o['lower']:+.4f} | {o['differ']} ({o['wins']}) "
+                f"| {o['sign_p']:.3g} |"
+            )
         lines.append("")
     return "\n".join(lines)
 

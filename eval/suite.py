@@ -243,11 +243,13 @@ def run_suite(
         runs[name] = run
     print("\n--- comparison (shared evaluator)")
     table = review.compare(list(scored.values()), list(scored), out, paired=False)
-    print(table)
+    heading = tasks_line(tasks)
+    (out / "compare.md").write_text(f"{heading}\n\n{(out / 'compare.md').read_text()}")
+    print(f"{heading}\n\n{table}")
     agents = agents_table(runs)
-    (out / "agents.md").write_text(agents + "\n")
+    (out / "agents.md").write_text(f"{heading}\n\n{agents}\n")
     claims = claims_table(out / "eval", list(scored), tuple(plugin_name(t) for t in plugins))
-    (out / "claims.md").write_text(claims + "\n")
+    (out / "claims.md").write_text(f"{heading}\n\n{claims}\n")
     print(f"\n{agents}\n\n{claims}\n-> {out}/compare.md, compare.png, agents.md, claims.md")
     tracking.log_run(
         wandb,
@@ -267,6 +269,19 @@ def run_suite(
         {"compare": table_rows(table), "claims": table_rows(claims)},
     )
     return table, agents, claims
+
+
+def tasks_line(tasks: Path) -> str:
+    """What the tables were scored on, from the task folder's manifest: split, cutoff, new-item share."""
+    m = json.loads((tasks / "manifest.json").read_text())
+    counts = m.get("counts") or {}
+    split = m.get("strategy", "?")
+    if m.get("cutoff"):
+        asked = f" (asked: {m['cutoff_requested']})" if m.get("cutoff_requested") else ""
+        split += f", test period from {m['cutoff']}{asked}"
+    share = counts.get("new_item_share")
+    new = f", {share:.0%} about a new item (no older review of it)" if share is not None else ""
+    return f"Tasks: {counts.get('tasks', '?')} ({tasks.name}; {split}){new}."
 
 
 def uses_selection(kind: str) -> bool:

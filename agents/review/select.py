@@ -11,7 +11,8 @@ cheap stand-in for the official review-generation error, with the other candidat
 cos is on unit all-MiniLM-L6-v2 embeddings (the agent's retrieval encoder); the expected VADER compound
 for a number of stars is the mean over the store's reviews with those stars strictly older than the
 task (time-aware; all of them under official visibility), from ``SentimentByStars``. A pool of one is
-that one. Ties go to the earlier candidate (the pool's order: llm, samples, user, item).
+that one. Ties (risks within TIE) go to the earlier candidate (the pool's order: llm, samples, user,
+item), so the agent and eval.selection's re-choosing agree whatever the batching of the embeddings.
 
 A pool names the sources a review may be chosen from and the sources that serve as pseudo-references:
 ``generated``, ``retrieved`` and ``both`` choose among the references themselves; ``retrieved-vs-all``
@@ -55,16 +56,35 @@ CENTROID = "centroid"  # the nearest-centroid baseline's review, without MBR
 CHOICES = (*POOLS, CENTROID)
 
 
+RULE_KEYS = ("agent", "llm", "adapter", "store")  # a run's fingerprint inputs a rule was chosen for
+TIE = 1e-5  # risks this close are a tie (float noise between batchings), going to the earlier candidate
+
+
+def chosen_for(inputs: dict) -> str:
+    """The digest of what a selection rule was chosen with (eval.selection records it from the
+    validation run's fingerprint; agents.simulate compares the run that reads it): the agent config
+    (visibility included), the LLM settings, the adapter's digest and the store, not the tasks."""
+    from data_prep.fingerprint import digest
+
+    return digest({k: inputs.get(k) for k in RULE_KEYS})
+
+
 def read_rule(path: str | Path) -> dict:
-    """A selection rule (eval.selection), checked: every group with a known pool and a weight >= 0."""
+    """A selection rule (eval.selection), checked: every group with a known pool, and a weight >= 0 for
+    each MBR pool."""
     rule = json.loads(Path(path).read_text())
     groups = rule.get("groups") if isinstance(rule, dict) else None
     if not isinstance(groups, dict) or set(groups) != set(GROUPS):
         raise ValueError(f"{path}: a selection rule needs groups {GROUPS}")
     for name, chosen in groups.items():
-        if chosen.get("pool") not in CHOICES or not float(chosen.get("sentiment_weight", 0)) >= 0:
+        pool = chosen.get("pool") if isinstance(chosen, dict) else None
+        weight = chosen.get("sentiment_weight") if isinstance(chosen, dict) else None
+        if pool not in CHOICES or (
+            pool != CENTROID and not (isinstance(weight, int | float) and weight >= 0)
+        ):
             raise ValueError(
-                f"{path}: group {name} needs a pool in {CHOICES} and a weight >= 0, got {chosen}"
+                f"{path}: group {name} needs a pool in {CHOICES} and, for an MBR pool, a sentiment_weight "
+                f">= 0; got {chosen}"
             )
     return rule
 
@@ -88,7 +108,7 @@ def mbr_index(
     distance = (1.0 - cosine) / 2
     topic = (distance.sum(axis=1) - distance[np.arange(len(rows)), rows]) / (n - 1)
     risk = 0.5 * topic + sentiment_weight * 0.25 * np.abs(np.asarray(sentiments)[rows] - target) / 2
-    return rows[int(np.argmin(risk))]
+    return rows[int(np.flatnonzero(risk <= risk.min() + TIE)[0])]
 
 
 def choose(

@@ -40,6 +40,7 @@ from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig
 from agents.review import official
 from agents.review.agent import COUNTS, MBR_FIELDS, POOL_VERSION, AgentConfig, ReviewAgent
+from agents.review.select import chosen_for
 from agents.runs import drop_cut_line
 from data_prep import fingerprint
 from data_prep.provenance import provenance
@@ -144,6 +145,21 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
     }
 
 
+def check_rule(agent_config: AgentConfig, inputs: dict) -> None:
+    """A selection rule chosen by eval.selection names what it was chosen with (``chosen_for``): a run
+    with another agent config, visibility, LLM, adapter or store may not read it. A rule written by
+    hand, without ``chosen_for``, is read as it is (the summary keeps it)."""
+    if not agent_config.selection_rule:
+        return
+    recorded = json.loads(Path(agent_config.selection_rule).read_text()).get("chosen_for")
+    if recorded is not None and recorded != chosen_for(inputs):
+        raise SystemExit(
+            f"error: {agent_config.selection_rule} was chosen on validation with another agent config, "
+            "visibility, LLM, adapter or store than this run's: choose it again with this run's settings "
+            "(eval.selection on this agent's validation run)"
+        )
+
+
 def uses_an_llm(agent_config: AgentConfig) -> bool:
     return agent_config.kind != "stats" or agent_config.agent is not None
 
@@ -244,6 +260,7 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
         for name in (*WORK_FILES, "output.json", "summary.json"):
             (out / name).unlink(missing_ok=True)
         print(f"--overwrite: discarded the earlier work in {out}")
+    check_rule(agent_config, inputs)
     fingerprint.record(out, inputs)
     predictions_path = out / "predictions.jsonl"
     done = finished(predictions_path)

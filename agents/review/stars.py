@@ -47,10 +47,9 @@ USER_SHRINK = (0.0, 1.0, 3.0, 10.0)
 BIAS_STRENGTH = (1.0, 5.0, 20.0)
 BLEND_WEIGHTS = (0.0, 0.25, 0.5, 0.75)  # weight of the model; 0 = the LLM's stars alone
 BASELINE = "user_median"  # kept unless a candidate beats it by a paired margin on validation
-GROUPS = (
-    "new_item",
-    "item_with_history",
-)  # as eval.review counts tasks: whether the item has an older rating
+# whether the item has a rating the prediction may see (time-aware: an older one, as eval.review counts
+# new items; official visibility: any rating but the task pair's, so later ones count too)
+GROUPS = ("new_item", "item_with_history")
 EMPTY_PRIOR = 3.0  # mu before the first rating of the store
 SCALE = (1.0, 5.0)  # the review platforms' stars; MovieLens (the sandbox) rates 0.5-5
 BLEND_Z = 2.4977  # one-sided 95% with Bonferroni over the 8 blends: the normal quantile of 1 - 0.05/8
