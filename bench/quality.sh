@@ -5,6 +5,7 @@
 #   bash bench/quality.sh amazon            # about an hour each on 2 CPU cores
 #   bash bench/quality.sh yelp runs/quality/yelp
 #   VISIBILITY=official bash bench/quality.sh amazon runs/quality/amazon_official
+#   SPLITS=temporal bash bench/quality.sh amazon   # one split (suite_50 runs with the leave-last-out one)
 #
 # Per split (SPLIT): leave-last-out `all` (each user's latest review, every user with >= 2 older ones)
 # and `temporal` (every review from the latest day that leaves at least 100 eligible tasks on; the day
@@ -25,6 +26,7 @@ OUT=${2:-runs/quality/$SAMPLE}
 PY=${PY:-.venv/bin/python}
 RAW=${USERSIM_RAW:-../shared/data/raw}
 VISIBILITY=${VISIBILITY:-time-aware}
+SPLITS=${SPLITS:-all temporal}
 case "$SAMPLE" in
     amazon) BUILD=(--source amazon2018 --input "$RAW/amazon2018_5core_small") ;;
     yelp) BUILD=(--source asc --platform yelp --input "$RAW/yelp_asc_sample") ;;
@@ -36,7 +38,7 @@ set -x
 "$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/tasks_temporal" --strategy temporal --cutoff latest:100 \
     --min-history 2 --seed 0 --overwrite
 "$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/tasks_50" --min-history 2 --max-tasks 50 --seed 0 --overwrite
-for SPLIT in all temporal; do
+for SPLIT in $SPLITS; do
     "$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/val_$SPLIT" --validation-for "$OUT/tasks_$SPLIT" \
         --min-history 2 --seed 0 --overwrite
     # rebuilt every time (seconds; the same inputs give the same pairs), so train.sft's fingerprint sees
@@ -48,5 +50,6 @@ for SPLIT in all temporal; do
     "$PY" -m eval.suite --kinds stats stats-mbr tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_$SPLIT" \
         --validation "$OUT/val_$SPLIT" --adapter "$OUT/sft_$SPLIT" --out "$OUT/suite_$SPLIT" --visibility "$VISIBILITY"
 done
+[[ " $SPLITS " == *" all "* ]] || exit 0
 "$PY" -m eval.suite --kinds stats asc-baseline retrieval-llm tuned --data "$OUT/data" --tasks "$OUT/tasks_50" \
     --adapter "$OUT/sft_all" --out "$OUT/suite_50" --visibility "$VISIBILITY"
