@@ -251,8 +251,11 @@ def paired_table(names: list[str], folders: list[Path]) -> str:
     return "\n".join(rows)
 
 
-def compare(paths: list[Path], names: list[str] | None, out: Path, paired: bool = True) -> str:
-    """The runs side by side (out/compare.md, compare.png); with ``paired``, each run minus the first."""
+def compare(
+    paths: list[Path], names: list[str] | None, out: Path, paired: bool = True, heading: str | None = None
+) -> str:
+    """The runs side by side (out/compare.md, compare.png); with ``paired``, each run minus the first;
+    ``heading``: a line above the table in compare.md (what the runs were scored on)."""
     results = [json.loads(Path(p).read_text()) for p in paths]
     names = names or [Path(p).parent.name for p in paths]
     if len(names) != len(results):
@@ -283,7 +286,7 @@ def compare(paths: list[Path], names: list[str] | None, out: Path, paired: bool 
     if paired and len(paths) > 1:
         table += "\n\n" + paired_table(names, [Path(p).parent for p in paths])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.md").write_text(table + "\n")
+    (out / "compare.md").write_text((f"{heading}\n\n" if heading else "") + table + "\n")
     plots.compare_bars(names, results, out / "compare.png")
     return table
 

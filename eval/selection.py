@@ -163,9 +163,8 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     ran_on = inputs.get("tasks")
     if ran_on != task_folder_digest(task_dir):
         raise SystemExit(f"error: {run} was not run on {task_dir} (another task folder's digest)")
-    if len(rows) != len(expected_ids := {t["task_id"] for t in read_tasks(task_dir)}) or any(
-        r["task_id"] not in expected_ids for r in rows
-    ):
+    expected_ids = sorted(t["task_id"] for t in read_tasks(task_dir))
+    if [r["task_id"] for r in rows] != expected_ids:  # rows are sorted by task id
         raise SystemExit(
             f"error: {run} predicted {len(rows)} of the {len(expected_ids)} validation tasks: finish the run "
             "(agents.simulate resumes) before choosing a rule on it"

@@ -242,9 +242,8 @@ def run_suite(
         )
         runs[name] = run
     print("\n--- comparison (shared evaluator)")
-    table = review.compare(list(scored.values()), list(scored), out, paired=False)
     heading = tasks_line(tasks)
-    (out / "compare.md").write_text(f"{heading}\n\n{(out / 'compare.md').read_text()}")
+    table = review.compare(list(scored.values()), list(scored), out, paired=False, heading=heading)
     print(f"{heading}\n\n{table}")
     agents = agents_table(runs)
     (out / "agents.md").write_text(f"{heading}\n\n{agents}\n")

@@ -55,7 +55,7 @@ MBR_FIELDS = (
 VISIBILITY = ("time-aware", "official")
 # What an MBR pool holds, in a run's fingerprint: 2 = the nearest-centroid review marked in every pool,
 # each prediction's group, cosine ties within agents.retrieval.TIE broken by position; 3 = MBR risks
-# within agents.review.select.TIE a tie, going to the earlier candidate.
+# within agents.retrieval.TIE a tie, going to the earlier candidate.
 POOL_VERSION = 3
 # Per task: first answers, unusable ones, retries (and those that worked), fallbacks, answers cut at
 # max_new_tokens, answers asked for a constraint the backend could not enforce.

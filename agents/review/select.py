@@ -11,8 +11,9 @@ cheap stand-in for the official review-generation error, with the other candidat
 cos is on unit all-MiniLM-L6-v2 embeddings (the agent's retrieval encoder); the expected VADER compound
 for a number of stars is the mean over the store's reviews with those stars strictly older than the
 task (time-aware; all of them under official visibility), from ``SentimentByStars``. A pool of one is
-that one. Ties (risks within TIE) go to the earlier candidate (the pool's order: llm, samples, user,
-item), so the agent and eval.selection's re-choosing agree whatever the batching of the embeddings.
+that one. Ties (risks within agents.retrieval.TIE) go to the earlier candidate (the pool's order:
+llm, samples, user, item), so the agent and eval.selection's re-choosing agree whatever the batching
+of the embeddings.
 
 A pool names the sources a review may be chosen from and the sources that serve as pseudo-references:
 ``generated``, ``retrieved`` and ``both`` choose among the references themselves; ``retrieved-vs-all``
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from agents.retrieval import TIE, top_indices
 from agents.review.stars import GROUPS
 
 # fallback: a retrieved review standing in for an LLM answer that had no text (a real review)
@@ -57,7 +59,6 @@ CHOICES = (*POOLS, CENTROID)
 
 
 RULE_KEYS = ("agent", "llm", "adapter", "store")  # a run's fingerprint inputs a rule was chosen for
-TIE = 1e-5  # risks this close are a tie (float noise between batchings), going to the earlier candidate
 
 
 def chosen_for(inputs: dict) -> str:
@@ -77,8 +78,8 @@ def read_rule(path: str | Path) -> dict:
     if not isinstance(groups, dict) or set(groups) != set(GROUPS):
         raise ValueError(f"{path}: a selection rule needs groups {GROUPS}")
     for name, chosen in groups.items():
-        pool = chosen.get("pool") if isinstance(chosen, dict) else None
-        weight = chosen.get("sentiment_weight") if isinstance(chosen, dict) else None
+        fields = chosen if isinstance(chosen, dict) else {}
+        pool, weight = fields.get("pool"), fields.get("sentiment_weight")
         if pool not in CHOICES or (
             pool != CENTROID and not (isinstance(weight, int | float) and weight >= 0)
         ):
@@ -108,7 +109,7 @@ def mbr_index(
     distance = (1.0 - cosine) / 2
     topic = (distance.sum(axis=1) - distance[np.arange(len(rows)), rows]) / (n - 1)
     risk = 0.5 * topic + sentiment_weight * 0.25 * np.abs(np.asarray(sentiments)[rows] - target) / 2
-    return rows[int(np.flatnonzero(risk <= risk.min() + TIE)[0])]
+    return rows[int(top_indices(-risk, 1, tolerance=TIE)[0])]
 
 
 def choose(
