@@ -11,14 +11,20 @@ WEIGHTS, and ``centroid`` (the nearest-centroid baseline's review, which every p
 review-generation score per task; and per group of tasks (new item or item with history, as the agent
 saw them; stars.GROUPS) the rule is:
 
-- ``centroid`` unless an option beats it by a paired margin: its mean gain over ``centroid`` has a
-  one-sided lower bound above zero (normal approximation) and an exact sign test on the tasks where
-  it chose another review rejects "no better", both at the Bonferroni level over the other options,
-  on at least MIN_TASKS tasks of the group;
-- then, of those, the option with the highest mean.
+1. the real reviews: ``centroid`` unless a model-free option (one that chooses among and judges by
+   retrieved real reviews only) beats it by a paired margin: its mean gain over ``centroid`` has a
+   one-sided lower bound above zero (normal approximation) and an exact sign test on the tasks where
+   it chose another review rejects "no better", both at the Bonferroni level over those options, on
+   at least MIN_TASKS tasks of the group; then, of those, the option with the highest mean. This is
+   the whole rule of an agent without an LLM (stats-mbr), and the same choice for one with it;
+2. the model's text: stage 1's choice unless an option that uses the LLM's candidates (to choose or
+   to judge) beats *it* by the same kind of margin, Bonferroni over those options.
 
-So on its own validation the rule never scores below the nearest-centroid baseline's text, and a gain
-on a handful of tasks is not enough. Only the pools whose sources the run has compete (a run without
+So on its own validation the rule never scores below the nearest-centroid baseline's text, nor (with
+an LLM) below the model-free rule's, and a gain on a handful of tasks is not enough. The two stages are
+two questions, each at ALPHA: whether retrieval beats the baseline's review, and whether the model's
+text beats what retrieval chooses; in one Bonferroni family over all the options, the many LLM options
+would make the model-free choice harder to pass than for the agent without them. Only the pools whose sources the run has compete (a run without
 an LLM has no generated candidates), and within a group an option that chooses the same review as an
 earlier one on every task of the group is that option (``answer`` has one candidate: its weights are
 one option), so the Bonferroni count is the number of distinct options in the group. Validation tasks
@@ -40,7 +46,15 @@ from scipy.stats import binomtest, norm
 
 from agents.encoders import packaged_minilm
 from agents.retrieval import Retriever
-from agents.review.select import CENTROID, POOLS, SentimentByStars, centroid_of, chosen_for, reselect
+from agents.review.select import (
+    CENTROID,
+    POOLS,
+    RETRIEVED,
+    SentimentByStars,
+    centroid_of,
+    chosen_for,
+    reselect,
+)
 from agents.review.stars import GROUPS
 from data_prep.fingerprint import task_folder_digest
 from data_prep.paths import cache_dir
@@ -60,15 +74,15 @@ def option_name(pool: str, weight: float | None) -> str:
     return CENTROID if pool == CENTROID else f"{pool} w{weight:g}"
 
 
-def decide(scores: dict[str, np.ndarray], minimum: int = MIN_TASKS) -> dict:
-    """The rule for one group: ``scores`` maps each option to its per-task review-generation scores
-    (one array per option, the same tasks in the same order, CENTROID among them).
+def decide(scores: dict[str, np.ndarray], minimum: int = MIN_TASKS, against: str = CENTROID) -> dict:
+    """One stage of the rule for one group: ``scores`` maps each option to its per-task review-generation
+    scores (one array per option, the same tasks in the same order, ``against`` among them).
 
     An option passes when, at the Bonferroni level over the other options, both its mean gain's normal
     lower bound is above zero and an exact sign test on the tasks where it chose another review than
-    ``centroid`` (gain not 0) rejects "as likely worse as better": an option that differs on a few
+    ``against`` (gain not 0) rejects "as likely worse as better": an option that differs on a few
     tasks, all gains, has a tiny spread and would pass the normal bound alone."""
-    base = scores[CENTROID]
+    base = scores[against]
     n, others = len(base), len(scores) - 1
     level = ALPHA / max(others, 1)
     z = float(norm.isf(level))
@@ -88,10 +102,22 @@ def decide(scores: dict[str, np.ndarray], minimum: int = MIN_TASKS) -> dict:
             "wins": wins,
             "sign_p": sign_p,
         }
-        if name != CENTROID and n >= minimum and n > 1 and lower > 0 and sign_p < level:
+        if name != against and n >= minimum and n > 1 and lower > 0 and sign_p < level:
             eligible.append(name)
-    chosen = max(eligible, key=lambda k: (table[k]["mean"], k)) if eligible else CENTROID
-    return {"tasks": n, "z": z, "level": level, "chosen": chosen, "options": table}
+    chosen = max(eligible, key=lambda k: (table[k]["mean"], k)) if eligible else against
+    return {"tasks": n, "z": z, "level": level, "against": against, "chosen": chosen, "options": table}
+
+
+def ladder(scores: dict[str, np.ndarray], model_free: set[str], minimum: int = MIN_TASKS) -> dict:
+    """The rule for one group in its two stages (module docstring): the model-free options (and
+    CENTROID) against CENTROID, then the others against that stage's choice. ``chosen`` is the last
+    stage's; ``stages`` holds each stage's decide()."""
+    first = decide({k: v for k, v in scores.items() if k == CENTROID or k in model_free}, minimum)
+    stages = [first]
+    rest = {k: v for k, v in scores.items() if k != CENTROID and k not in model_free}
+    if rest:
+        stages.append(decide({first["chosen"]: scores[first["chosen"]], **rest}, minimum, first["chosen"]))
+    return {"tasks": first["tasks"], "chosen": stages[-1]["chosen"], "stages": stages}
 
 
 def distinct_pools(present: set[str]) -> list[str]:
@@ -104,6 +130,12 @@ def distinct_pools(present: set[str]) -> list[str]:
             seen.add(key)
             pools.append(pool)
     return pools
+
+
+def is_model_free(pool: str, present: set[str]) -> bool:
+    """Whether ``pool`` chooses among and judges by real (retrieved) reviews only, of the sources present."""
+    allowed, references = POOLS[pool]
+    return (present & (set(allowed) | set(references))) <= set(RETRIEVED)
 
 
 def candidate_scores(rows: list[dict], task_dir: Path, backend: str) -> list[np.ndarray]:
@@ -191,9 +223,11 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     vectors = dict(zip(texts, Retriever(packaged_minilm("cpu", 64)).embed(texts), strict=True))
     scores = candidate_scores(rows, task_dir, backend)
 
-    pools = distinct_pools({c["source"] for r in rows for c in r["candidates"]})
+    present = {c["source"] for r in rows for c in r["candidates"]}
+    pools = sorted(distinct_pools(present), key=lambda p: not is_model_free(p, present))  # model-free first
     options = {option_name(CENTROID, None): (CENTROID, 0.0)}
     options.update({option_name(p, w): (p, w) for p in pools for w in WEIGHTS})
+    model_free = {name for name, (p, _) in options.items() if p != CENTROID and is_model_free(p, present)}
     chosen_by, per_option = {}, {}
     for name, (pool, weight) in options.items():
         chosen_by[name] = np.array([c["chosen"] for c in reselect(rows, vectors, expected, pool, weight)])
@@ -206,16 +240,17 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
             if (key := tuple(chosen_by[name][mask])) not in seen:
                 seen.add(key)
                 distinct[name] = per_option[name][mask]
-        validation[group] = decide(distinct)
+        validation[group] = ladder(distinct, model_free)
         pool, weight = options[validation[group]["chosen"]]
         rule[group] = {"pool": pool, "sentiment_weight": weight}
     return {
         "groups": rule,
         "validation": validation,
-        "rule": f"per group: {CENTROID} unless an option's paired gain over it has a one-sided "
-        f"{1 - ALPHA:.0%} lower bound above zero and an exact sign test on the tasks where it differs "
-        f"rejects at that level (Bonferroni over the other options), on >= {MIN_TASKS} tasks; then the "
-        "highest mean of those",
+        "rule": f"per group, in two stages: {CENTROID} unless a model-free option's paired gain over it "
+        f"has a one-sided {1 - ALPHA:.0%} lower bound above zero and an exact sign test on the tasks where "
+        f"it differs rejects at that level (Bonferroni over those options), on >= {MIN_TASKS} tasks, then "
+        "the highest mean of those; then that choice unless an option using the LLM's candidates beats it "
+        "the same way (Bonferroni over those)",
         "chosen_for": chosen_for(inputs),  # agents.simulate refuses the rule in a run with other settings
         "validation_tasks_digest": ran_on,  # the folder by its contents: paths are in provenance.json
         "validation_tasks": len(rows),
@@ -227,20 +262,24 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
 
 def table(report: dict) -> str:
     lines = []
+    titles = ("the real reviews against centroid", "the model's candidates against stage 1's choice")
     for group, v in report["validation"].items():
-        lines += [
-            f"**{group}** ({v['tasks']} validation tasks, z {v['z']:.3f}): chosen **{v['chosen']}**",
-            "",
-            "| option | RG | gain over centroid | one-sided lower bound | tasks differing (gains) | sign-test p |",
-            "|---|---|---|---|---|---|",
-        ]
-        for name, o in sorted(v["options"].items(), key=lambda kv: -(kv[1]["mean"] or 0)):
-            mean = f"{o['mean']:.4f}" if o["mean"] is not None else "–"
-            lines.append(
-                f"| {name} | {mean} | {o['gain']:+.4f} | {o['lower']:+.4f} | {o['differ']} ({o['wins']}) "
-                f"| {o['sign_p']:.3g} |"
-            )
-        lines.append("")
+        lines += [f"**{group}** ({v['tasks']} validation tasks): chosen **{v['chosen']}**", ""]
+        for title, stage in zip(titles, v["stages"], strict=False):
+            lines += [
+                f"Stage: {title} (z {stage['z']:.3f}): **{stage['chosen']}**",
+                "",
+                f"| option | RG | gain over {stage['against']} | one-sided lower bound | tasks differing (gains) "
+                "| sign-test p |",
+                "|---|---|---|---|---|---|",
+            ]
+            for name, o in sorted(stage["options"].items(), key=lambda kv: -(kv[1]["mean"] or 0)):
+                mean = f"{o['mean']:.4f}" if o["mean"] is not None else "–"
+                lines.append(
+                    f"| {name} | {mean} | {o['gain']:+.4f} | {o['lower']:+.4f} | {o['differ']} ({o['wins']}) "
+                    f"| {o['sign_p']:.3g} |"
+                )
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -43,6 +43,33 @@ def test_the_centroid_stays_unless_an_option_beats_it_by_a_paired_margin():
     assert selection.decide({CENTROID: base, "often": often, "x": base - 0.01})["chosen"] == "often"
 
 
+def test_the_model_free_choice_is_made_on_its_own_and_the_model_must_beat_it():
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.6, 0.9, 100)
+    real = base + 0.01 + rng.normal(0, 0.03, 100)  # a real-review option, ahead by a clear margin
+    # the model's text, no gain
+    weak = {f"generated w{i}": base + rng.normal(0, 0.05, 100) for i in range(20)}
+    free = {"retrieved w1": real, "retrieved w2": base + rng.normal(0, 0.05, 100)}
+    scores = {CENTROID: base, **free, **weak}
+    # one family over all 22 options would hold the real-review option to 0.05 / 22
+    alone = selection.decide({CENTROID: base, **free})
+    assert alone["chosen"] == "retrieved w1" and alone["options"]["retrieved w1"]["sign_p"] > 0.05 / 22
+    assert selection.decide(scores)["chosen"] == CENTROID
+    two = selection.ladder(scores, set(free))
+    first, second = two["stages"]
+    assert first["chosen"] == alone["chosen"] == two["chosen"] == second["against"] == "retrieved w1"
+    assert second["level"] == pytest.approx(0.05 / 20)  # the model's options against stage 1's choice
+    # a model option ahead of the real-review choice (not only of the centroid) takes over
+    better = real + 0.02 + rng.normal(0, 0.01, 100)
+    three = selection.ladder({**scores, "both w1": better, "both w2": base + 0.02}, set(free))
+    assert three["chosen"] == "both w1" and three["stages"][0]["chosen"] == "retrieved w1"
+    # ahead of the centroid but not of stage 1's choice: stage 1's choice stays
+    assert selection.ladder({**scores, "both w2": base + 0.011}, set(free))["chosen"] == "retrieved w1"
+    assert selection.is_model_free("retrieved", {"llm", "sample", "user", "item"})
+    assert not selection.is_model_free("retrieved-vs-all", {"llm", "user", "item"})
+    assert selection.is_model_free("retrieved-vs-all", {"user", "item"})
+
+
 def test_without_generated_candidates_the_real_pools_compete_once():
     assert selection.distinct_pools({"user", "item"}) == ["retrieved"]
     assert selection.distinct_pools({"llm", "sample", "user", "item"}) == [
@@ -119,7 +146,8 @@ def test_the_suite_chooses_the_rule_on_validation_and_the_run_is_fingerprinted_b
     assert report["validation_tasks"] == len(read_tasks(val)) and report["left_out_adapter_trained"] == 0
     for group, chosen in report["groups"].items():
         v = report["validation"][group]
-        assert v["options"][v["chosen"]]["mean"] >= v["options"][CENTROID]["mean"] or v["tasks"] == 0
+        (stage,) = v["stages"]  # without an LLM every option is model-free: one stage
+        assert stage["options"][v["chosen"]]["mean"] >= stage["options"][CENTROID]["mean"] or v["tasks"] == 0
         assert chosen["pool"] == (CENTROID if v["chosen"] == CENTROID else v["chosen"].split(" w")[0])
     rows = [json.loads(line) for line in (out / "sim" / "stats-mbr" / "predictions.jsonl").open()]
     nc = {json.loads(line)["task_id"]: json.loads(line)["review"] for line in (out / "baselines" / "nearest-centroid.jsonl").open()}  # fmt: skip
