@@ -19,7 +19,8 @@
 #    selection chosen on val_SPLIT (eval.suite --validation): suite_SPLIT.
 # Plus suite_50: the LLM agents without selection (asc-baseline, retrieval-llm, tuned) on the first 50
 # leave-last-out tasks. bench/quality_recipe.sh adds the CPU quality adapter's rows on both splits.
-# Each step resumes or skips finished work; the suites write compare.md, agents.md and claims.md.
+# Each step resumes or skips finished work and redoes a run whose inputs changed (a new selection rule or
+# adapter: --overwrite); the suites write compare.md, agents.md and claims.md.
 set -euo pipefail
 SAMPLE=${1:?usage: quality.sh amazon|yelp [OUT]}
 OUT=${2:-runs/quality/$SAMPLE}
@@ -48,8 +49,8 @@ for SPLIT in $SPLITS; do
     "$PY" -m train.sft --config configs/sft/smollm2_cpu.yaml --pairs "$OUT/pairs_$SPLIT" \
         --output_dir "$OUT/sft_$SPLIT" --overwrite true
     "$PY" -m eval.suite --kinds stats stats-mbr tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_$SPLIT" \
-        --validation "$OUT/val_$SPLIT" --adapter "$OUT/sft_$SPLIT" --out "$OUT/suite_$SPLIT" --visibility "$VISIBILITY"
+        --validation "$OUT/val_$SPLIT" --adapter "$OUT/sft_$SPLIT" --out "$OUT/suite_$SPLIT" --visibility "$VISIBILITY" --overwrite
 done
 [[ " $SPLITS " == *" all "* ]] || exit 0
 "$PY" -m eval.suite --kinds stats asc-baseline retrieval-llm tuned --data "$OUT/data" --tasks "$OUT/tasks_50" \
-    --adapter "$OUT/sft_all" --out "$OUT/suite_50" --visibility "$VISIBILITY"
+    --adapter "$OUT/sft_all" --out "$OUT/suite_50" --visibility "$VISIBILITY" --overwrite

@@ -32,6 +32,6 @@ for SPLIT in $SPLITS; do
     for S in amazon yelp; do
         "$PY" -m eval.suite --kinds stats stats-mbr tuned-mbr --data "$Q/$S/data" --tasks "$Q/$S/tasks_$SPLIT" \
             --validation "$Q/$S/val_$SPLIT" --adapter "$Q/sft_quality_$SPLIT" --out "$Q/$S/suite_quality_$SPLIT" \
-            --max-new-tokens 128 --set k_user=4 k_item=2 prompt_tokens=512
+            --max-new-tokens 128 --set k_user=4 k_item=2 prompt_tokens=512 --overwrite
     done
 done
