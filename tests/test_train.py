@@ -264,6 +264,13 @@ def test_a_stopped_run_resumes_to_the_same_end_with_the_same_data_order(tmp_path
     full = json.loads((tmp_path / "a" / "out" / "training_card.json").read_text())["throughput"]
     assert (full["resumed_from_step"], full["steps_this_process"]) == (0, 6)
     assert 0 < speed["tokens"] < full["tokens"]
+    # a rerun of the finished run trains nothing and leaves the adapter as it was (resuming from
+    # checkpoint-6 would have taken a step 7)
+    adapter = tmp_path / "b" / "out" / "adapter_model.safetensors"
+    saved, CountSteps.steps = adapter.read_bytes(), []
+    again = sft.main(["--config", str(cut)], callbacks=[CountSteps()])
+    assert CountSteps.steps == [] and again.state.global_step == 6 and adapter.read_bytes() == saved
+    assert losses_of(again) == after and not (tmp_path / "b" / "out" / "checkpoint-7").exists()
 
 
 def test_explicit_empty_resume_path_is_refused(tmp_path, tiny_model, amazon_pairs):

@@ -191,6 +191,17 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return str(max(done, key=lambda p: int(p.name[11:]))) if done else None
 
 
+def finished(checkpoint: str, output_dir: str) -> bool:
+    """Whether ``checkpoint`` is the last step of a run that ended and saved its adapter and card there
+    (the card's steps are the checkpoint's, and those are all its max_steps)."""
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    card, root = Path(output_dir) / "training_card.json", Path(output_dir)
+    if not (card.exists() and (root / "adapter_model.safetensors").exists()):
+        return False
+    steps = json.loads(card.read_text()).get("steps")
+    return 0 < state.get("max_steps", 0) <= state["global_step"] == steps
+
+
 def resume_point(explicit: str | None, output_dir: str) -> str | None:
     if explicit:
         path = Path(explicit)
@@ -683,6 +694,17 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
     )
 
     # -- train -----------------------------------------------------------------------------------------
+    if resume and finished(resume, training_args.output_dir):
+        # a rerun of a finished run: resuming from its last checkpoint would train past max_steps (the
+        # Trainer took a step 51 from checkpoint-50 of a 50-step run) and overwrite the adapter
+        from transformers import TrainerState
+
+        trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+        trainer.accelerator.print(
+            f"{training_args.output_dir} is trained from these inputs to step {trainer.state.global_step} of "
+            f"{trainer.state.max_steps} ({resume}; adapter and card saved): nothing to do"
+        )
+        return trainer
     if resume:
         trainer.accelerator.print(f"resuming from {resume}")
     trainer.train(resume_from_checkpoint=resume)
