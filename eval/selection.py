@@ -24,15 +24,17 @@ So on its own validation the rule never scores below the nearest-centroid baseli
 an LLM) below the model-free rule's, and a gain on a handful of tasks is not enough. The two stages are
 two questions, each at ALPHA: whether retrieval beats the baseline's review, and whether the model's
 text beats what retrieval chooses; in one Bonferroni family over all the options, the many LLM options
-would make the model-free choice harder to pass than for the agent without them. Only the pools whose sources the run has compete (a run without
-an LLM has no generated candidates), and within a group an option that chooses the same review as an
-earlier one on every task of the group is that option (``answer`` has one candidate: its weights are
-one option), so the Bonferroni count is the number of distinct options in the group. Validation tasks
-whose target review the agent's adapter trained on are left out and counted (build its pairs with the
-validation folder as --tasks to have none). The run must have run on --tasks (by the folder's digest).
+would make the model-free choice harder to pass than for the agent without them. Only the pools whose
+sources the run has compete (a run without an LLM has no generated candidates), and within a group
+an option that chooses the same review as an earlier one on every task of the group is that option
+(``answer`` has one candidate: its weights are one option), so the Bonferroni count is the number of
+distinct options in the group's stage. Validation tasks whose target review the agent's adapter
+trained on are left out and counted (build its pairs with the validation folder as --tasks to have
+none). The run must have run on --tasks (by the folder's digest).
 
-Writes OUT/rule.json (what an agent config's ``selection_rule`` reads), OUT/rule.md (per group: every
-option's mean, gain over ``centroid`` and its lower bound, and the choice) and OUT/provenance.json.
+Writes OUT/rule.json (what an agent config's ``selection_rule`` reads), OUT/rule.md (per group and
+stage: every option's mean, gain over what it competes against and its lower bound, and the choice)
+and OUT/provenance.json.
 """
 
 from __future__ import annotations
@@ -224,10 +226,11 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     scores = candidate_scores(rows, task_dir, backend)
 
     present = {c["source"] for r in rows for c in r["candidates"]}
-    pools = sorted(distinct_pools(present), key=lambda p: not is_model_free(p, present))  # model-free first
+    free_pools = {p for p in distinct_pools(present) if is_model_free(p, present)}
+    pools = sorted(distinct_pools(present), key=lambda p: p not in free_pools)  # model-free first
     options = {option_name(CENTROID, None): (CENTROID, 0.0)}
     options.update({option_name(p, w): (p, w) for p in pools for w in WEIGHTS})
-    model_free = {name for name, (p, _) in options.items() if p != CENTROID and is_model_free(p, present)}
+    model_free = {name for name, (p, _) in options.items() if p in free_pools}
     chosen_by, per_option = {}, {}
     for name, (pool, weight) in options.items():
         chosen_by[name] = np.array([c["chosen"] for c in reselect(rows, vectors, expected, pool, weight)])

@@ -195,8 +195,8 @@ def finished(checkpoint: str, output_dir: str) -> bool:
     """Whether ``checkpoint`` is the last step of a run that ended and saved its adapter and card there
     (the card's steps are the checkpoint's, and those are all its max_steps)."""
     state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
-    card, root = Path(output_dir) / "training_card.json", Path(output_dir)
-    if not (card.exists() and (root / "adapter_model.safetensors").exists()):
+    card = Path(output_dir) / "training_card.json"
+    if not (card.exists() and (Path(output_dir) / "adapter_model.safetensors").exists()):
         return False
     steps = json.loads(card.read_text()).get("steps")
     return 0 < state.get("max_steps", 0) <= state["global_step"] == steps
