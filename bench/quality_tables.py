@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from statsmodels.stats.multitest import multipletests
 
+from agents.review.select import option_name
 from eval.metrics import paired_bootstrap, per_task_scores
 from eval.review import per_task_terms
 
@@ -56,11 +57,7 @@ def rule_note(suite: Path) -> str:
     rule = json.loads(path.read_text())
     parts = []
     for group, chosen in rule["groups"].items():
-        name = (
-            chosen["pool"]
-            if chosen["pool"] == "centroid"
-            else f"{chosen['pool']} w{chosen['sentiment_weight']:g}"
-        )
+        name = option_name(chosen["pool"], chosen.get("sentiment_weight"))
         parts.append(
             f"{group.replace('_', ' ')}: {name} ({rule['validation'][group]['tasks']} validation tasks)"
         )

@@ -7,12 +7,13 @@
 every prediction with its pool. Each candidate of every pool is scored against its task's real review
 with the evaluator's own scorers (eval.review's review-generation terms; the offline stand-ins unless
 ``--backend official``). Each option, every pool of agents.review.select.POOLS with every weight of
-WEIGHTS, and ``centroid`` (the nearest-centroid baseline's review, which every pool holds), then has a
-review-generation score per task; and per group of tasks (new item or item with history, as the agent
+WEIGHTS, ``centroid`` (the nearest-centroid baseline's review, which every pool holds) and ``similar``
+(the user's review most similar to the item, the stats agent's), then has a review-generation score per
+task; and per group of tasks (new item or item with history, as the agent
 saw them; stars.GROUPS) the rule is:
 
-1. the real reviews: ``centroid`` unless a model-free option (one that chooses among and judges by
-   retrieved real reviews only) beats it by a paired margin: its mean gain over ``centroid`` has a
+1. the real reviews: ``centroid`` unless a model-free option (``similar``, or a pool that chooses among
+   and judges by retrieved real reviews only) beats it by a paired margin: its mean gain over ``centroid`` has a
    one-sided lower bound above zero (normal approximation) and an exact sign test on the tasks where
    it chose another review rejects "no better", both at the Bonferroni level over those options, on
    at least MIN_TASKS tasks of the group; then, of those, the option with the highest mean. This is
@@ -20,8 +21,9 @@ saw them; stars.GROUPS) the rule is:
 2. the model's text: stage 1's choice unless an option that uses the LLM's candidates (to choose or
    to judge) beats *it* by the same kind of margin, Bonferroni over those options.
 
-So on its own validation the rule never scores below the nearest-centroid baseline's text, nor (with
-an LLM) below the model-free rule's, and a gain on a handful of tasks is not enough. The two stages are
+So on its own validation the rule never scores below the nearest-centroid baseline's text, is below
+the stats agent's only where that is not ahead by the margin, and (with an LLM) never below the
+model-free rule's, and a gain on a handful of tasks is not enough. The two stages are
 two questions, each at ALPHA: whether retrieval beats the baseline's review, and whether the model's
 text beats what retrieval chooses; in one Bonferroni family over all the options, the many LLM options
 would make the model-free choice harder to pass than for the agent without them. Only the pools whose
@@ -52,9 +54,11 @@ from agents.review.select import (
     CENTROID,
     POOLS,
     RETRIEVED,
+    SIMILAR,
     SentimentByStars,
     centroid_of,
     chosen_for,
+    option_name,
     reselect,
 )
 from agents.review.stars import GROUPS
@@ -70,10 +74,6 @@ from eval.scoring import ScoreCache, score_pairs
 WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0)  # the sentiment stand-in's weight against the topic one
 MIN_TASKS = 10  # a group with fewer validation tasks keeps the baseline
 ALPHA = 0.05
-
-
-def option_name(pool: str, weight: float | None) -> str:
-    return CENTROID if pool == CENTROID else f"{pool} w{weight:g}"
 
 
 def decide(scores: dict[str, np.ndarray], minimum: int = MIN_TASKS, against: str = CENTROID) -> dict:
@@ -228,9 +228,9 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     present = {c["source"] for r in rows for c in r["candidates"]}
     free_pools = {p for p in distinct_pools(present) if is_model_free(p, present)}
     pools = sorted(distinct_pools(present), key=lambda p: p not in free_pools)  # model-free first
-    options = {option_name(CENTROID, None): (CENTROID, 0.0)}
+    options = {CENTROID: (CENTROID, 0.0), SIMILAR: (SIMILAR, 0.0)}
     options.update({option_name(p, w): (p, w) for p in pools for w in WEIGHTS})
-    model_free = {name for name, (p, _) in options.items() if p in free_pools}
+    model_free = {name for name, (p, _) in options.items() if p in free_pools or p == SIMILAR}
     chosen_by, per_option = {}, {}
     for name, (pool, weight) in options.items():
         chosen_by[name] = np.array([c["chosen"] for c in reselect(rows, vectors, expected, pool, weight)])

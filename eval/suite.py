@@ -43,6 +43,7 @@ from pathlib import Path
 import yaml
 
 from agents.review import simulate
+from agents.review.select import option_name
 from data_prep.paths import REPO_ROOT
 from eval import baselines, review, selection, tracking
 from eval.metrics import paired_bootstrap
@@ -100,9 +101,8 @@ def agents_table(runs: dict[str, Path]) -> str:
         rule = s.get("selection_rule")
         if rule:
             chosen = "; ".join(
-                f"{group}: {r['pool']}"
-                + (f" w{r['sentiment_weight']:g}" if r["pool"] != "centroid" else "")
-                + f" ({rule['validation'][group]['tasks']} validation tasks)"
+                f"{group}: {option_name(r['pool'], r.get('sentiment_weight'))}"
+                f" ({rule['validation'][group]['tasks']} validation tasks)"
                 for group, r in rule["groups"].items()
             )
             notes.append(f"{name}: reviews chosen by the rule chosen on the validation tasks: {chosen}")

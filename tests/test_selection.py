@@ -10,7 +10,7 @@ from agents.retrieval import hashed_bag_of_words
 from agents.review import agent as agent_module
 from agents.review import simulate
 from agents.review.agent import AgentConfig, ReviewAgent
-from agents.review.select import CENTROID, choose, read_rule
+from agents.review.select import CENTROID, SIMILAR, choose, read_rule
 from data_prep import split
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
@@ -117,6 +117,16 @@ def test_every_pool_holds_the_nearest_centroid_review_and_a_rule_is_followed_per
             vectors = agent.retriever.embed([c["text"] for c in p.candidates])
             vader = np.array([c["vader"] for c in p.candidates])
             assert p.chosen == choose(sources, vectors, vader, 0.0, 0.0, "retrieved")
+    # similar: the user's review most similar to the item, what the stats agent writes without selection
+    rule.write_text(json.dumps({"groups": {g: {"pool": SIMILAR} for g in groups}}))
+    similar, _ = agent_for(yelp_store, tasks_dir, selection_rule=str(rule))
+    plain = ReviewAgent(
+        AgentConfig(kind="stats"), None, agent.store, encoder=lambda t: hashed_bag_of_words(t, 64)
+    )
+    chose = similar.predict(tasks)
+    assert [p.review for p in chose] == [p.review for p in plain.predict(tasks)]
+    assert all(p.selection.endswith(": similar") for p in chose)
+    assert sum(p.review != baseline[p.task_id] for p in chose) > 10  # not the centroid's review
     bad = tmp_path / "bad.json"
     for broken in (
         {"groups": {"new_item": {"pool": CENTROID}}},
@@ -147,6 +157,7 @@ def test_the_suite_chooses_the_rule_on_validation_and_the_run_is_fingerprinted_b
     for group, chosen in report["groups"].items():
         v = report["validation"][group]
         (stage,) = v["stages"]  # without an LLM every option is model-free: one stage
+        assert SIMILAR in stage["options"] or v["tasks"] == 0  # the stats agent's review competes too
         assert stage["options"][v["chosen"]]["mean"] >= stage["options"][CENTROID]["mean"] or v["tasks"] == 0
         assert chosen["pool"] == (CENTROID if v["chosen"] == CENTROID else v["chosen"].split(" w")[0])
     rows = [json.loads(line) for line in (out / "sim" / "stats-mbr" / "predictions.jsonl").open()]

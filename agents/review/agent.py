@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from agents.llm import Constraint, LLMConfig, Sampling, load_llm
 from agents.retrieval import Retriever
-from agents.review.select import CHOICES, SentimentByStars, choose, read_rule
+from agents.review.select import CHOICES, SentimentByStars, choose, option_name, read_rule
 from agents.review.stars import GROUPS, StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
 
@@ -484,8 +484,7 @@ class ReviewAgent:
             sources = [s for _, s in pool]
             pool_name, weight = self.rule(ctx)
             p.group = self.group(ctx)
-            label = pool_name if pool_name == "centroid" else f"{pool_name} w{weight:g}"
-            p.selection = f"{p.group}: {label}" if self.selection_rule else None
+            p.selection = f"{p.group}: {option_name(pool_name, weight)}" if self.selection_rule else None
             p.chosen = choose(sources, v, c, target, weight, pool_name, centroid)
             if p.chosen is None:  # e.g. retrieved only, for a user with no history: the LLM's answer
                 p.counts["empty_pool"] += 1

@@ -21,8 +21,10 @@ chooses a real review judged against every candidate (the LLM's texts only as ev
 ``generated-vs-all`` a generated one judged against every candidate. ``answer`` is the agent's own
 answer (the LLM's greedy one, or the retrieved review that stood in for it): the agent without selection,
 so one MBR run also scores the plain tuned agent. ``centroid`` is no MBR at all: the nearest-centroid
-baseline's review (eval.baselines), which every pool holds and marks (``"centroid": true``), so a rule
-chosen on validation can always keep the strongest model-free text (eval.selection).
+baseline's review (eval.baselines), which every pool holds and marks (``"centroid": true``), and
+``similar`` the user's own past review most similar to the item (the first ``user`` candidate: what the
+stats agent writes), so a rule chosen on validation can always keep either model-free text
+(eval.selection). Neither has a sentiment weight.
 
 A selection rule (eval.selection writes it, ``selection_rule:`` in an agent config reads it) gives
 each group of tasks, ``new_item`` and ``item_with_history``, its own pool and sentiment weight.
@@ -55,7 +57,14 @@ POOLS = {
 }
 
 CENTROID = "centroid"  # the nearest-centroid baseline's review, without MBR
-CHOICES = (*POOLS, CENTROID)
+SIMILAR = "similar"  # the user's review most similar to the item (the stats agent's), without MBR
+DIRECT = (CENTROID, SIMILAR)  # choices without MBR (and without a sentiment weight)
+CHOICES = (*POOLS, *DIRECT)
+
+
+def option_name(pool: str, weight: float | None = None) -> str:
+    """How a choice is named in rules, tables and predictions: the pool, with its weight for MBR."""
+    return pool if pool in DIRECT else f"{pool} w{weight:g}"
 
 
 RULE_KEYS = ("agent", "llm", "adapter", "store")  # a run's fingerprint inputs a rule was chosen for
@@ -81,7 +90,7 @@ def read_rule(path: str | Path) -> dict:
         fields = chosen if isinstance(chosen, dict) else {}
         pool, weight = fields.get("pool"), fields.get("sentiment_weight")
         if pool not in CHOICES or (
-            pool != CENTROID and not (isinstance(weight, int | float) and weight >= 0)
+            pool not in DIRECT and not (isinstance(weight, int | float) and weight >= 0)
         ):
             raise ValueError(
                 f"{path}: group {name} needs a pool in {CHOICES} and, for an MBR pool, a sentiment_weight "
@@ -122,9 +131,12 @@ def choose(
     centroid: int | None = None,
 ) -> int | None:
     """The index of the chosen candidate under ``pool`` (CHOICES); None when none may be chosen.
-    ``centroid``: the position of the nearest-centroid baseline's review (the ``centroid`` pool)."""
+    ``centroid``: the position of the nearest-centroid baseline's review (the ``centroid`` pool);
+    ``similar`` is the first ``user`` candidate (they come most similar to the item first)."""
     if pool == CENTROID:
         return centroid
+    if pool == SIMILAR:
+        return next((i for i, s in enumerate(sources) if s == "user"), None)
     allowed, references = POOLS[pool]
     rows = [i for i, s in enumerate(sources) if s in allowed or s in references]
     pick = [k for k, i in enumerate(rows) if sources[i] in allowed]
