@@ -177,8 +177,17 @@ def test_the_suite_chooses_the_rule_on_validation_and_the_run_is_fingerprinted_b
     with pytest.raises(SystemExit, match="chosen on validation with another"):
         simulate.main([*argv, "--out", str(tmp_path / "other"), "--selection_rule", str(rule),
                        "--visibility", "official"])  # fmt: skip
+    # the same choices with other validation figures (chosen again after a change to the options):
+    # the run resumes, nothing redone
+    made = out / "sim" / "stats-mbr" / "predictions.jsonl"
+    before = made.read_bytes()
+    again = json.loads(rule.read_text())
+    again["validation"]["new_item"]["tasks"] += 1
+    rule.write_text(json.dumps(again))
+    simulate.main([*argv, "--out", str(out / "sim" / "stats-mbr"), "--selection_rule", str(rule)])
+    assert made.read_bytes() == before
     edited = json.loads(rule.read_text())
-    edited["groups"]["item_with_history"] = {"pool": "retrieved", "sentiment_weight": 4.0}
+    edited["groups"]["item_with_history"] = {"pool": "retrieved", "sentiment_weight": 3.0}  # never chosen
     rule.write_text(json.dumps(edited))
     with pytest.raises(SystemExit):
         simulate.main([*argv, "--out", str(out / "sim" / "stats-mbr"), "--selection_rule", str(rule)])

@@ -40,7 +40,7 @@ from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig
 from agents.review import official
 from agents.review.agent import COUNTS, MBR_FIELDS, POOL_VERSION, AgentConfig, ReviewAgent
-from agents.review.select import chosen_for
+from agents.review.select import chosen_for, read_rule
 from agents.runs import drop_cut_line
 from data_prep import fingerprint
 from data_prep.provenance import provenance
@@ -136,7 +136,9 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
         "llm": {k: v for k, v in keep(llm_config).items() if k != "adapter"} if uses_llm else None,
         "adapter": fingerprint.adapter_digest(llm_config.adapter) if uses_llm else None,
         "tasks": fingerprint.task_folder_digest(args.tasks),
-        "selection_rule": fingerprint.digest_files([Path(agent_config.selection_rule)])
+        # its choices (pool and weight per group), not its validation figures: a rule chosen again
+        # with the same choices resumes the run; check_rule compares what it was chosen with
+        "selection_rule": read_rule(agent_config.selection_rule)["groups"]
         if agent_config.selection_rule
         else None,
         "store": hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest(),
