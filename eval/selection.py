@@ -16,8 +16,9 @@ the rule is:
    among and judges by retrieved real reviews only) beats it by a paired margin: its mean gain over
    ``centroid`` has a one-sided lower bound above zero (normal approximation) and an exact sign test
    on the tasks where it chose another review rejects "no better", both at the Bonferroni level over
-   those options, on at least MIN_TASKS tasks of the group; then, of those, the option with the highest mean. This is
-   the whole rule of an agent without an LLM (stats-mbr), and the same choice for one with it;
+   those options, on at least MIN_TASKS tasks of the group; then, of those, the option with the
+   highest mean. This is the whole rule of an agent without an LLM (stats-mbr), and the same choice
+   for one with it;
 2. the model's text: stage 1's choice unless an option that uses the LLM's candidates (to choose or
    to judge) beats *it* by the same kind of margin, Bonferroni over those options.
 
@@ -25,8 +26,8 @@ So on its own validation the rule never scores below the nearest-centroid baseli
 stats agent's text or a retrieved pool's only where that is ahead of it by the margin, and (with an
 LLM) never scores below the model-free rule's; a gain on a handful of tasks is not enough. The two
 stages are two questions, each at ALPHA: whether retrieval beats the baseline's review, and whether
-the model's text beats what retrieval chooses; in one Bonferroni family over all the options, the many LLM options
-would make the model-free choice harder to pass than for the agent without them. Only the pools whose
+the model's text beats what retrieval chooses; in one Bonferroni family over all the options, the
+many LLM options would make the model-free choice harder to pass than for the agent without them. Only the pools whose
 sources the run has compete (a run without an LLM has no generated candidates), and within a group
 an option that chooses the same review as an earlier one on every task of the group is that option
 (``answer`` has one candidate: its weights are one option), so the Bonferroni count is the number of
