@@ -27,8 +27,8 @@ stats agent's text or a retrieved pool's only where that is ahead of it by the m
 LLM) never scores below the model-free rule's; a gain on a handful of tasks is not enough. The two
 stages are two questions, each at ALPHA: whether retrieval beats the baseline's review, and whether
 the model's text beats what retrieval chooses; in one Bonferroni family over all the options, the
-many LLM options would make the model-free choice harder to pass than for the agent without them. Only the pools whose
-sources the run has compete (a run without an LLM has no generated candidates), and within a group
+many LLM options would make the model-free choice harder to pass than for the agent without them.
+Only the pools whose sources the run has compete (a run without an LLM has no generated candidates), and within a group
 an option that chooses the same review as an earlier one on every task of the group is that option
 (``answer`` has one candidate: its weights are one option), so the Bonferroni count is the number of
 distinct options in the group's stage. Validation tasks whose target review the agent's adapter
