@@ -127,6 +127,9 @@ def test_every_pool_holds_the_nearest_centroid_review_and_a_rule_is_followed_per
     assert [p.review for p in chose] == [p.review for p in plain.predict(tasks)]
     assert all(p.selection.endswith(": similar") for p in chose)
     assert sum(p.review != baseline[p.task_id] for p in chose) > 10  # not the centroid's review
+    without = AgentConfig(kind="stats", selection="mbr", pool="retrieved", selection_rule=str(rule))
+    with pytest.raises(ValueError, match="candidates_user >= 1"):  # no user candidates: no such review
+        ReviewAgent(without, None, agent.store, encoder=lambda t: hashed_bag_of_words(t, 64))
     bad = tmp_path / "bad.json"
     for broken in (
         {"groups": {"new_item": {"pool": CENTROID}}},

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from agents.llm import Constraint, LLMConfig, Sampling, load_llm
 from agents.retrieval import Retriever
-from agents.review.select import CHOICES, SentimentByStars, choose, option_name, read_rule
+from agents.review.select import CHOICES, SIMILAR, SentimentByStars, choose, option_name, read_rule
 from agents.review.stars import GROUPS, StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
 
@@ -224,6 +224,11 @@ class ReviewAgent:
         if config.selection_rule and config.selection != "mbr":
             raise ValueError("selection_rule is for selection: mbr")
         self.selection_rule = read_rule(config.selection_rule) if config.selection_rule else None
+        chosen = {g["pool"] for g in self.selection_rule["groups"].values()} if self.selection_rule else set()
+        if SIMILAR in {config.pool, *chosen} and config.candidates_user < 1:
+            raise ValueError(
+                f"{SIMILAR} is the first of the user's retrieved reviews: it needs candidates_user >= 1"
+            )
         if config.selection == "mbr" and encoder is None:
             raise ValueError("selection: mbr needs the embedding retrieval")
         if (

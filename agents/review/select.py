@@ -22,9 +22,10 @@ chooses a real review judged against every candidate (the LLM's texts only as ev
 answer (the LLM's greedy one, or the retrieved review that stood in for it): the agent without selection,
 so one MBR run also scores the plain tuned agent. ``centroid`` is no MBR at all: the nearest-centroid
 baseline's review (eval.baselines), which every pool holds and marks (``"centroid": true``), and
-``similar`` the user's own past review most similar to the item (the first ``user`` candidate: what the
-stats agent writes), so a rule chosen on validation can always keep either model-free text
-(eval.selection). Neither has a sentiment weight.
+``similar`` the user's own past review most similar to the item (the first ``user`` candidate, with
+``candidates_user`` >= 1: what the stats agent writes, up to float ties in the ranking), so a rule
+chosen on validation can always keep either model-free text (eval.selection). Neither has a sentiment
+weight; for a user with no history neither has a review, and the LLM's answer stands (``empty_pool``).
 
 A selection rule (eval.selection writes it, ``selection_rule:`` in an agent config reads it) gives
 each group of tasks, ``new_item`` and ``item_with_history``, its own pool and sentiment weight.

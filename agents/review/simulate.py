@@ -138,13 +138,21 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
         "tasks": fingerprint.task_folder_digest(args.tasks),
         # its choices (pool and weight per group), not its validation figures: a rule chosen again
         # with the same choices resumes the run; check_rule compares what it was chosen with
-        "selection_rule": read_rule(agent_config.selection_rule)["groups"]
-        if agent_config.selection_rule
-        else None,
+        "selection_rule": rule_choices(agent_config.selection_rule),
         "store": hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest(),
         "shard": args.shard,
         **({"plugin": plugin(agent_config)} if agent_config.agent else {}),
     }
+
+
+def rule_choices(path: str | None) -> dict | None:
+    """A selection rule's choices (read_rule's groups); a malformed rule is a clear error."""
+    if not path:
+        return None
+    try:
+        return read_rule(path)["groups"]
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: selection_rule {path}: {e}") from e
 
 
 def check_rule(agent_config: AgentConfig, inputs: dict) -> None:
