@@ -22,18 +22,18 @@ the rule is:
 2. the model's text: stage 1's choice unless an option that uses the LLM's candidates (to choose or
    to judge) beats *it* by the same kind of margin, Bonferroni over those options.
 
-So on its own validation the rule never scores below the nearest-centroid baseline's text, takes the stats
-agent's text or a retrieved pool's only where that is ahead of it by the margin, and (with an LLM) never
-scores below the model-free rule's; a gain on a handful of tasks is not enough. The two stages are two
-questions, each at ALPHA: whether retrieval beats the baseline's review, and whether the model's text
-beats what retrieval chooses; in one Bonferroni family over all the options, the many LLM options would
-make the model-free choice harder to pass than for the agent without them. Only the pools whose sources
-the run has compete (a run without an LLM has no generated candidates), and within a group an option that
-chooses the same review as an earlier one on every task of the group is that option (``answer`` has one
-candidate: its weights are one option), so the Bonferroni count is the number of
-distinct options in the group's stage. Validation tasks whose target review the agent's adapter
-trained on are left out and counted (build its pairs with the validation folder as --tasks to have
-none). The run must have run on --tasks (by the folder's digest).
+So on its own validation the rule never scores below the nearest-centroid baseline's text, takes the
+stats agent's text or a retrieved pool's only where that is ahead of it by the margin, and (with an LLM)
+never scores below the model-free rule's; a gain on a handful of tasks is not enough. The two stages are
+two questions, each at ALPHA: whether retrieval beats the baseline's review, and whether the model's
+text beats what retrieval chooses; in one Bonferroni family over all the options, the many LLM options
+would make the model-free choice harder to pass than for the agent without them. Only the pools whose
+sources the run has compete (a run without an LLM has no generated candidates), and within a group an
+option that chooses the same review as an earlier one on every task of the group is that option
+(``answer`` has one candidate: its weights are one option), so the Bonferroni count is the number of
+distinct options in the group's stage. Validation tasks whose target review the agent's adapter trained
+on are left out and counted (build its pairs with the validation folder as --tasks to have none). The
+run must have run on --tasks (by the folder's digest).
 
 Writes OUT/rule.json (what an agent config's ``selection_rule`` reads), OUT/rule.md (per group and
 stage: every option's mean, gain over what it competes against and its lower bound, and the choice)
