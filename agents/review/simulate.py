@@ -40,7 +40,7 @@ from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig
 from agents.review import official
 from agents.review.agent import COUNTS, MBR_FIELDS, POOL_VERSION, AgentConfig, ReviewAgent
-from agents.review.select import chosen_for, read_rule
+from agents.review.select import chosen_for, option_name, read_rule
 from agents.runs import drop_cut_line
 from data_prep import fingerprint
 from data_prep.provenance import provenance
@@ -146,13 +146,15 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
 
 
 def rule_choices(path: str | None) -> dict | None:
-    """A selection rule's choices (read_rule's groups); a malformed rule is a clear error."""
+    """A selection rule's choices, each group's by its option name (the same choice however it is
+    written: a direct pool with or without a sentiment weight); a malformed rule is a clear error."""
     if not path:
         return None
     try:
-        return read_rule(path)["groups"]
+        groups = read_rule(path)["groups"]
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: selection_rule {path}: {e}") from e
+    return {g: option_name(c["pool"], c.get("sentiment_weight")) for g, c in sorted(groups.items())}
 
 
 def check_rule(agent_config: AgentConfig, inputs: dict) -> None:
