@@ -154,7 +154,7 @@ def rule_choices(path: str | None) -> dict | None:
         groups = read_rule(path)["groups"]
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: selection_rule {path}: {e}") from e
-    return {g: option_name(c["pool"], c.get("sentiment_weight")) for g, c in sorted(groups.items())}
+    return {g: option_name(c["pool"], c.get("sentiment_weight")) for g, c in groups.items()}
 
 
 def check_rule(agent_config: AgentConfig, inputs: dict) -> None:
