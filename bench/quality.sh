@@ -6,6 +6,8 @@
 #   bash bench/quality.sh yelp runs/quality/yelp
 #   VISIBILITY=official bash bench/quality.sh amazon runs/quality/amazon_official
 #   SPLITS=temporal bash bench/quality.sh amazon   # one split (suite_50 runs with the leave-last-out one)
+#   PREP_ONLY=1 bash bench/quality.sh amazon       # the store, tasks and validation only (seconds; what
+#                                                  # bench/quality_recipe.sh needs), no training or suites
 #
 # Per split (SPLIT): leave-last-out `all` (each user's latest review, every user with >= 2 older ones)
 # and `temporal` (every review from the latest day that leaves at least 100 eligible tasks on; the day
@@ -28,6 +30,7 @@ PY=${PY:-.venv/bin/python}
 RAW=${USERSIM_RAW:-../shared/data/raw}
 VISIBILITY=${VISIBILITY:-time-aware}
 SPLITS=${SPLITS:-all temporal}
+PREP_ONLY=${PREP_ONLY:-0}
 case "$SAMPLE" in
     amazon) BUILD=(--source amazon2018 --input "$RAW/amazon2018_5core_small") ;;
     yelp) BUILD=(--source asc --platform yelp --input "$RAW/yelp_asc_sample") ;;
@@ -42,6 +45,7 @@ set -x
 for SPLIT in $SPLITS; do
     "$PY" -m data_prep.split --data "$OUT/data" --out "$OUT/val_$SPLIT" --validation-for "$OUT/tasks_$SPLIT" \
         --min-history 2 --seed 0 --overwrite
+    [[ "$PREP_ONLY" == 1 ]] && continue
     # rebuilt every time (seconds; the same inputs give the same pairs), so train.sft's fingerprint sees
     # what they were made from: the same resumes or skips, other inputs retrain (--overwrite true)
     "$PY" -m data_prep.pairs --data "$OUT/data" --tasks "$OUT/val_$SPLIT" --out "$OUT/pairs_$SPLIT" \
@@ -51,6 +55,6 @@ for SPLIT in $SPLITS; do
     "$PY" -m eval.suite --kinds stats stats-mbr tuned-mbr --data "$OUT/data" --tasks "$OUT/tasks_$SPLIT" \
         --validation "$OUT/val_$SPLIT" --adapter "$OUT/sft_$SPLIT" --out "$OUT/suite_$SPLIT" --visibility "$VISIBILITY" --overwrite
 done
-[[ " $SPLITS " == *" all "* ]] || exit 0
+[[ " $SPLITS " == *" all "* && "$PREP_ONLY" != 1 ]] || exit 0
 "$PY" -m eval.suite --kinds stats asc-baseline retrieval-llm tuned --data "$OUT/data" --tasks "$OUT/tasks_50" \
     --adapter "$OUT/sft_all" --out "$OUT/suite_50" --visibility "$VISIBILITY" --overwrite

@@ -5,6 +5,8 @@
 #   bash bench/quality.sh amazon && bash bench/quality.sh yelp     # first: samples, tasks, validation
 #   bash bench/quality_recipe.sh                                    # then: about 3 hours on 2 CPU cores
 #   SPLITS=all bash bench/quality_recipe.sh                         # leave-last-out only
+#   SPLITS=all SAMPLES=yelp bash bench/quality_recipe.sh            # one sample's suite (the adapter
+#                                                                   # still trains on both samples' pairs)
 #
 # Per split (all: leave-last-out; temporal): 1. pairs from both samples, each blocking its own tasks and
 # validation tasks (and, temporal, keeping out its test period), 4 user and 2 item reviews, 512 tokens;
@@ -15,6 +17,7 @@ set -euo pipefail
 PY=${PY:-.venv/bin/python}
 Q=runs/quality
 SPLITS=${SPLITS:-all temporal}
+SAMPLES=${SAMPLES:-amazon yelp}
 for S in amazon yelp; do
     for SPLIT in $SPLITS; do
         [[ -f "$Q/$S/val_$SPLIT/manifest.json" ]] || {
@@ -29,7 +32,7 @@ for SPLIT in $SPLITS; do
         "$Q/yelp/val_$SPLIT" --out "$Q/pairs_quality_$SPLIT" --k-user 4 --k-item 2 --max-tokens 512
     "$PY" -m train.sft --config configs/sft/smollm2_cpu_quality.yaml --pairs "$Q/pairs_quality_$SPLIT" \
         --output_dir "$Q/sft_quality_$SPLIT" --overwrite true
-    for S in amazon yelp; do
+    for S in $SAMPLES; do
         "$PY" -m eval.suite --kinds stats stats-mbr tuned-mbr --data "$Q/$S/data" --tasks "$Q/$S/tasks_$SPLIT" \
             --validation "$Q/$S/val_$SPLIT" --adapter "$Q/sft_quality_$SPLIT" --out "$Q/$S/suite_quality_$SPLIT" \
             --max-new-tokens 128 --set k_user=4 k_item=2 prompt_tokens=512 --overwrite
