@@ -99,10 +99,11 @@ class SamplingLLM:
     """The greedy answer, then distinct sampled reviews: each text says which call and row made it."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.rows = [], []
 
     def generate(self, conversations, sampling, constraint=None):
         self.calls.append(sampling.temperature)
+        self.rows.append(len(conversations))
         self.cut_short = [False] * len(conversations)
         kind = "greedy" if sampling.temperature == 0 else "sampled"
         return [f"stars: 4\nreview: {kind} text number {i}" for i in range(len(conversations))]
@@ -157,6 +158,47 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
     targets = [agent.sentiment.expected(p.stars, t["ts"]) for p, t in zip(predictions, tasks, strict=True)]
     again = reselect(rows, vectors, targets, pool, config.sentiment_weight)
     assert [r["chosen"] for r in again] == [p.chosen for p in predictions]
+
+
+def test_under_a_rule_only_the_tasks_whose_choice_uses_samples_draw_them(
+    yelp_store, tmp_path, make_tasks, monkeypatch
+):
+    tasks_dir = make_tasks(yelp_store, tmp_path / "tasks", n=60, seed=0)  # both groups (test_selection)
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: SamplingLLM())
+    store = ReviewStore.open(yelp_store, tasks=tasks_dir)
+    targets = read_targets(tasks_dir)
+    tasks = [{**t, "ts": targets[t["task_id"]]["ts"]} for t in read_tasks(tasks_dir)]
+    rule = tmp_path / "rule.json"
+
+    def run(groups, every_task=False):
+        rule.write_text(json.dumps({"groups": groups}))
+        config = AgentConfig(kind="retrieval-llm", selection="mbr", samples=3, candidates_user=2,
+                             candidates_item=2, batch_size=60, selection_rule=str(rule))  # fmt: skip
+        agent = ReviewAgent(config, LLMConfig(), store, encoder=lambda t: hashed_bag_of_words(t, 64))
+        if every_task:  # as before: samples for every task, whatever its group's choice
+            agent.wants_samples = lambda ctx: True
+        return agent, agent.predict(tasks)
+
+    mixed = {"new_item": {"pool": "centroid"}, "item_with_history": {"pool": "both", "sentiment_weight": 1}}
+    agent, predictions = run(mixed)
+    warm = [p for p in predictions if p.group == "item_with_history"]
+    assert 0 < len(warm) < len(predictions)
+    assert agent.llm.rows == [60, 3 * len(warm)]  # one greedy pass; samples for the warm tasks only
+    for p in predictions:
+        drawn = [c for c in p.candidates if c["source"] == "sample"]
+        if p.group == "new_item":
+            assert (
+                not drawn and p.counts["samples_not_needed"] == 3 and p.candidates[p.chosen].get("centroid")
+            )
+        else:
+            assert len(drawn) == 3 and not p.counts["samples_not_needed"]
+    # a choice that uses no samples anywhere: no sampling pass, and the same predictions as with them
+    centroid = {g: {"pool": "centroid"} for g in mixed}
+    agent, lean = run(centroid)
+    assert agent.llm.calls == [0.0] and all(p.counts["samples_not_needed"] == 3 for p in lean)
+    _, full = run(centroid, every_task=True)
+    assert all(any(c["source"] == "sample" for c in p.candidates) for p in full)
+    assert [(p.stars, p.review) for p in lean] == [(p.stars, p.review) for p in full]
 
 
 def test_stats_mbr_chooses_among_retrieved_reviews_without_an_llm(

@@ -16,7 +16,10 @@ fallback answers. A prediction never has an empty review. Retries and fallbacks 
 ``samples`` sampled answers, ``candidates_user`` + ``candidates_item`` retrieved real reviews) by minimum
 Bayes risk under cheap stand-ins of the metric (agents.review.select), never with the ground truth;
 every prediction keeps its pool (texts, sources, VADER compounds), so eval.selection chooses the pool
-and weight per group on validation tasks without asking the LLM again (``selection_rule``).
+and weight per group on validation tasks without asking the LLM again (``selection_rule``). Under a
+selection rule, a task whose group's choice cannot use sampled answers (``centroid``, ``similar``,
+``retrieved``, ``answer``) draws none: its prediction is the same, its pool holds no samples, and its
+counts say how many were not drawn (``samples_not_needed``).
 
 ``visibility: time-aware`` (the default): everything a prediction uses (retrieval, the calibrated stars
 and their choice, the baselines' history) is strictly older than the task's target.
@@ -36,7 +39,15 @@ from tqdm import tqdm
 
 from agents.llm import Constraint, LLMConfig, Sampling, load_llm
 from agents.retrieval import Retriever
-from agents.review.select import CHOICES, SIMILAR, SentimentByStars, choose, option_name, read_rule
+from agents.review.select import (
+    CHOICES,
+    SIMILAR,
+    SentimentByStars,
+    choose,
+    option_name,
+    read_rule,
+    uses_samples,
+)
 from agents.review.stars import GROUPS, StarModel
 from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
 
@@ -57,6 +68,9 @@ VISIBILITY = ("time-aware", "official")
 # each prediction's group, cosine ties within agents.retrieval.TIE broken by position; 3 = MBR risks
 # within agents.retrieval.TIE a tie, going to the earlier candidate.
 POOL_VERSION = 3
+# Under a selection rule (in a run's fingerprint only then): 1 = samples drawn only for the tasks whose
+# group's choice uses them (select.uses_samples), so the others' pools hold none.
+RULE_SAMPLING = 1
 # Per task: first answers, unusable ones, retries (and those that worked), fallbacks, answers cut at
 # max_new_tokens, answers asked for a constraint the backend could not enforce.
 COUNTS = (
@@ -415,7 +429,7 @@ class ReviewAgent:
         """``samples`` reviews per context from the LLM at ``sample_temperature`` (unusable ones left
         out; the caller counts them), and how many of each context's samples hit the length cap."""
         n = self.config.samples
-        if n == 0:
+        if n == 0 or not contexts:
             return [[] for _ in contexts], [0] * len(contexts)
         tokens = self.config.sample_max_new_tokens or self.config.max_new_tokens
         sampling = Sampling(tokens, self.config.sample_temperature, seed=self.config.seed + 1)
@@ -458,12 +472,26 @@ class ReviewAgent:
         chosen = self.selection_rule["groups"][self.group(ctx)]
         return chosen["pool"], chosen.get("sentiment_weight", 0.0)
 
+    def wants_samples(self, ctx: dict) -> bool:
+        """Whether this task's pool draws sampled answers: always without a selection rule (the pools
+        are kept for eval.selection to re-choose from), under one only where its choice uses them."""
+        return self.selection_rule is None or uses_samples(self.rule(ctx)[0])
+
     def select(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:
-        """Give each prediction its pool and the review of least risk among the configured sources."""
-        samples, cut = self.sample(contexts)
+        """Give each prediction its pool and the review of least risk among the configured sources.
+        Samples are drawn for every task, or under a selection rule only where its choice uses them."""
+        wanted = [i for i, ctx in enumerate(contexts) if self.wants_samples(ctx)]
+        drawn_for, cut_for = self.sample([contexts[i] for i in wanted])
+        samples, cut = [None] * len(contexts), [0] * len(contexts)
+        for i, drawn, n_cut in zip(wanted, drawn_for, cut_for, strict=True):
+            samples[i], cut[i] = drawn, n_cut
         pools, centroids = [], []
         for ctx, p, drawn, n_cut in zip(contexts, predictions, samples, cut, strict=True):
-            p.counts["unusable_samples"] += self.config.samples - len(drawn)
+            if drawn is None:  # the rule's choice for this task cannot use them
+                p.counts["samples_not_needed"] += self.config.samples
+                drawn = []
+            else:
+                p.counts["unusable_samples"] += self.config.samples - len(drawn)
             p.counts["samples_cut_short"] += n_cut
             # the answer's text is the LLM's, unless it had none and a retrieved review stood in; the
             # stats agent (no LLM) has no answer: its pool is the retrieved reviews

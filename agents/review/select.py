@@ -63,6 +63,12 @@ DIRECT = (CENTROID, SIMILAR)  # choices without MBR (and without a sentiment wei
 CHOICES = (*POOLS, *DIRECT)
 
 
+def uses_samples(pool: str) -> bool:
+    """Whether a choice can use sampled answers, as candidates or as pseudo-references (a direct
+    choice, ``retrieved`` and ``answer`` cannot: with a selection rule their tasks draw none)."""
+    return pool in POOLS and "sample" in {*POOLS[pool][0], *POOLS[pool][1]}
+
+
 def option_name(pool: str, weight: float | None = None) -> str:
     """How a choice is named in rules, tables and predictions: the pool, with its weight for MBR."""
     return pool if pool in DIRECT else f"{pool} w{weight:g}"

@@ -39,7 +39,14 @@ from tqdm import tqdm
 from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig
 from agents.review import official
-from agents.review.agent import COUNTS, MBR_FIELDS, POOL_VERSION, AgentConfig, ReviewAgent
+from agents.review.agent import (
+    COUNTS,
+    MBR_FIELDS,
+    POOL_VERSION,
+    RULE_SAMPLING,
+    AgentConfig,
+    ReviewAgent,
+)
 from agents.review.select import chosen_for, option_name, read_rule
 from agents.runs import drop_cut_line
 from data_prep import fingerprint
@@ -139,6 +146,8 @@ def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: R
         # its choices (pool and weight per group), not its validation figures: a rule chosen again
         # with the same choices resumes the run; check_rule compares what it was chosen with
         "selection_rule": rule_choices(agent_config.selection_rule),
+        # which tasks draw samples under a rule (outside "agent": a rule is chosen without one)
+        **({"rule_sampling": RULE_SAMPLING} if agent_config.selection_rule else {}),
         "store": hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest(),
         "shard": args.shard,
         **({"plugin": plugin(agent_config)} if agent_config.agent else {}),
