@@ -29,6 +29,18 @@ backend could not enforce (the agents count it per answer).
   key); requests run with a per-request timeout, and the client's retries with exponential backoff
   on 429, 5xx and timeouts.
 
+**Answer cache.** ``answer_cache: PATH`` (a SQLite file) keeps every greedy answer (temperature 0) a
+backend gives, so a second run asking the same backend the same conversation with the same settings
+gets the first run's answer instead of generating it again (eval.suite: ``tuned`` and ``tuned-mbr`` ask
+the same greedy answers and blend stars). The key is everything the answer depends on: the backend's
+identity (backend, model, the model folder's files by name, size and time, the adapter's digest,
+device, adapter on or off, the library versions, this file's digest, so a change to the decoding code
+asks again), the conversation and its rendered prompt, the sampling settings and the constraint.
+Sampled answers are never kept (they depend on the batch's random stream). After each ``generate``,
+``cached[i]`` says whether answer i came from the cache (the agents count it). Greedy answers do not
+depend on the batch they were made in (tests/test_agents.py compares batched and one-at-a-time ones),
+so the cache is an execution setting, like the batch size: it is left out of run fingerprints.
+
 ``Sampling``'s ``repetition_penalty`` and ``no_repeat_ngram_size`` reach the backends that have them
 (each backend's ``decoding_controls``: hf both, vllm the penalty, openai none). ``adapter_off()`` runs a
 block on the base model alone (hf, vllm).
@@ -36,13 +48,15 @@ block on the base model alone (hf, vllm).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import sqlite3
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from data_prep.offline_models import resolve_model
@@ -170,7 +184,14 @@ class Sampling:
 
 
 # LLMConfig settings that change how fast answers come, not what they are: run fingerprints leave them out
-EXECUTION_FIELDS = ("generation_batch_size", "device", "concurrency", "timeout_s", "max_retries")
+EXECUTION_FIELDS = (
+    "generation_batch_size",
+    "device",
+    "concurrency",
+    "timeout_s",
+    "max_retries",
+    "answer_cache",
+)
 
 
 @dataclass
@@ -180,6 +201,7 @@ class LLMConfig:
     adapter: str | None = None  # a LoRA adapter folder (train.sft output)
     generation_batch_size: int = 8  # hf: rows generated together
     device: str = "auto"
+    answer_cache: str | None = None  # a SQLite file that keeps greedy answers (see the module docstring)
     # openai
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"  # several keys: variable names separated by commas
@@ -628,8 +650,121 @@ class OpenAIBackend:
         return [text for text, _, _ in answers]
 
 
+class CachedBackend:
+    """A backend whose greedy answers are kept in ``answer_cache`` (the module docstring); everything
+    else is the backend's own."""
+
+    def __init__(self, backend, config: LLMConfig):
+        self.backend, self.path = backend, Path(config.answer_cache)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, timeout=60)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT NOT NULL)")
+        self.identity = backend_identity(config, backend)
+        self.adapter_is_off = False
+        self.hits = self.misses = 0
+
+    def __getattr__(self, name):
+        if name == "backend":  # not yet set (while unpickling, say): not the backend's
+            raise AttributeError(name)
+        return getattr(self.backend, name)
+
+    @contextmanager
+    def adapter_off(self):
+        with self.backend.adapter_off():
+            was, self.adapter_is_off = self.adapter_is_off, True
+            try:
+                yield
+            finally:
+                self.adapter_is_off = was
+
+    def key(self, conversation: list[dict], sampling: Sampling, constraint: Constraint | None) -> str:
+        tokenizer = getattr(self.backend, "tokenizer", None)
+        what = {
+            "backend": self.identity,
+            "adapter_off": self.adapter_is_off,
+            "conversation": conversation,
+            "prompt": render_prompt(tokenizer, conversation) if tokenizer is not None else None,
+            "sampling": asdict(sampling),
+            "constraint": asdict(constraint) if constraint is not None else None,
+        }
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+    def generate(
+        self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
+    ) -> list[str]:
+        if sampling.temperature > 0:  # sampled: asked every time
+            texts = self.backend.generate(conversations, sampling, constraint=constraint)
+            self.cut_short, self.usage = self.backend.cut_short, self.backend.usage
+            self.unconstrained = getattr(self.backend, "unconstrained", None) or [False] * len(texts)
+            self.cached = [False] * len(texts)
+            return texts
+        keys = [self.key(c, sampling, constraint) for c in conversations]
+        found = {}
+        for start in range(0, len(keys), 500):
+            part = keys[start : start + 500]
+            rows = self.conn.execute(
+                f"SELECT key, answer FROM answers WHERE key IN ({','.join('?' * len(part))})", part
+            )
+            found.update((key, json.loads(answer)) for key, answer in rows)
+        self.cached = [key in found for key in keys]
+        todo = list(dict.fromkeys(k for k in keys if k not in found))  # each missing answer once
+        if todo:
+            first = {k: keys.index(k) for k in todo}
+            texts = self.backend.generate(
+                [conversations[first[k]] for k in todo], sampling, constraint=constraint
+            )
+            free = getattr(self.backend, "unconstrained", None) or [False] * len(texts)
+            new = {
+                k: {"text": t, "cut_short": c, "usage": u, "unconstrained": f}
+                for k, t, c, u, f in zip(
+                    todo, texts, self.backend.cut_short, self.backend.usage, free, strict=True
+                )
+            }
+            with self.conn:
+                self.conn.executemany(
+                    "INSERT OR REPLACE INTO answers VALUES (?, ?)",
+                    ((k, json.dumps(v)) for k, v in new.items()),
+                )
+            found.update(new)
+        self.hits += sum(self.cached)
+        self.misses += len(todo)
+        answers = [found[k] for k in keys]
+        self.cut_short = [a["cut_short"] for a in answers]
+        self.usage = [tuple(a["usage"]) if a["usage"] is not None else None for a in answers]
+        self.unconstrained = [a["unconstrained"] for a in answers]
+        return [a["text"] for a in answers]
+
+
+def backend_identity(config: LLMConfig, backend) -> dict:
+    """What a backend's answers depend on besides the request (CachedBackend's key)."""
+    from data_prep.fingerprint import adapter_digest
+    from data_prep.provenance import package_versions
+
+    settings = {
+        k: v for k, v in asdict(config).items() if k not in (*EXECUTION_FIELDS, "adapter", "api_key_env")
+    }
+    path = Path(resolve_model(config.model)) if config.backend != "openai" else None
+    files = None
+    if path is not None and path.is_dir():  # by name, size and time: a 7B model is not hashed each run
+        files = sorted(
+            (str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns)
+            for f in path.rglob("*")
+            if f.is_file()
+        )
+    return {
+        "settings": settings,
+        "model_files": files,
+        "adapter": adapter_digest(config.adapter),
+        "device": backend.info.get("device"),
+        "versions": package_versions(["torch", "transformers", "peft", "vllm", "llguidance"]),
+        "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+    }
+
+
 def load_llm(config: LLMConfig):
     backends = {"hf": HFBackend, "vllm": VLLMBackend, "openai": OpenAIBackend}
     if config.backend not in backends:
         raise ValueError(f"unknown LLM backend {config.backend!r}: one of {sorted(backends)}")
-    return backends[config.backend](config)
+    backend = backends[config.backend](config)
+    return CachedBackend(backend, config) if config.answer_cache else backend

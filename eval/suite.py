@@ -12,6 +12,11 @@ the metric and the fidelity columns), OUT/agents.md (time per task, parse failur
 the star models used, where the chosen reviews came from) and OUT/claims.md (paired differences over
 the same tasks with 95% BCa bootstrap intervals, the CLAIMS below), and prints them.
 
+The LLM agents share one answer cache, OUT/answers.sqlite (agents.llm, ``answer_cache``): a greedy
+answer one agent asked (``tuned``'s answers and blend stars) is taken from it by the next agent that
+asks the same backend the same thing (``tuned-mbr``, on the same tasks) instead of being generated
+again; agents.md says how many answers came from it.
+
 ``--wandb offline|online`` logs every evaluation (eval.tracking) and one suite run with the comparison
 and the claims as tables, into the tuned adapter's W&B project and group.
 
@@ -51,6 +56,7 @@ from eval.metrics import paired_bootstrap
 KINDS = ("stats", "stats-mbr", "asc-baseline", "retrieval-llm", "tuned", "tuned-mbr")
 DEFAULT_KINDS = KINDS  # tuned-mbr: what won on the held-out tasks (bench/README.md, issue 13)
 CONFIGS = REPO_ROOT / "configs" / "agents"
+ANSWER_CACHE = "answers.sqlite"  # in OUT: the LLM agents' greedy answers (agents.llm, answer_cache)
 # (a, b, metric): the claims the suite checks, each as a paired difference over the same tasks
 CLAIMS = (
     ("tuned", "stats", "review_generation"),
@@ -94,7 +100,7 @@ def agents_table(runs: dict[str, Path]) -> str:
         stars = ", ".join(f"{model} ({n})" for model, n in used[:2]) + (" ..." if len(used) > 2 else "")
         chosen = ", ".join(f"{k} ({n})" for k, n in sorted(s.get("reviews_chosen_from", {}).items())) or "–"
         rows.append(
-            f"| {name} | {s['predicted']}/{s['tasks']} | {s['seconds_per_task'] or 0:.2f} | {c['llm_answers']} | "
+            f"| {name} | {s['predicted']}/{s['tasks']} | {s['seconds_per_task'] or 0:.2f} | {answers(c)} | "
             f"{c['parse_failures']} | {c['retries']} ({c['retry_successes']}) | {c['fallbacks']} | "
             f"{c['cut_short']} | {stars} | {chosen} | {s['visibility']} |"
         )
@@ -115,6 +121,12 @@ def agents_table(runs: dict[str, Path]) -> str:
                 f"{trained['tasks_at_or_before_it']} of {trained['tasks']} tasks are at or before that moment"
             )
     return "\n".join(rows + ([""] + notes if notes else []))
+
+
+def answers(counts: dict) -> str:
+    """The LLM answers cell: how many, and how many of them came from the answer cache."""
+    kept = counts.get("cached_answers", 0)
+    return f"{counts['llm_answers']}" + (f" ({kept} cached)" if kept else "")
 
 
 def plugin_name(target: str) -> str:
@@ -216,6 +228,8 @@ def run_suite(
             agent += generation_args() if extra is None else extra
         if kind.startswith("tuned"):
             agent += ["--adapter", str(adapter)]
+        if kind != "stats" and not kind.startswith("stats-"):  # greedy answers asked once for all agents
+            agent += ["--answer_cache", str(out / ANSWER_CACHE)]
         if validation is not None and uses_selection(kind):
             print(f"\n--- {kind} on the validation tasks {validation}: choosing its selection rule")
             on_validation = out / "validation" / "sim" / kind

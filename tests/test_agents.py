@@ -657,6 +657,72 @@ def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model, monkeypa
     assert [used for _, used in batched.usage] == [1, 8, 8]  # the end token counts, the padding not
 
 
+def test_the_answer_cache_gives_a_second_run_the_first_runs_greedy_answers(tiny_model, tmp_path):
+    """Greedy answers come back from the cache (same texts, cut flags and usage) without generating;
+    a new conversation, other settings, sampling, the adapter off or a changed model file ask again."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)  # copy2 keeps the files' times: the same model
+    cache = tmp_path / "answers.sqlite"
+
+    def backend():
+        llm = load_llm(LLMConfig(model=str(model), device="cpu", answer_cache=str(cache)))
+        real, llm.rows = llm.backend.model.generate, []
+
+        def counted(**kwargs):
+            llm.rows.append(kwargs["input_ids"].shape[0])
+            return real(**kwargs)
+
+        llm.backend.model.generate = counted
+        return llm
+
+    conversations = [[{"role": "user", "content": t}] for t in ("hi", "a question about tacos", "ok?")]
+    greedy = Sampling(max_new_tokens=8)
+    first = backend()
+    texts = first.generate(conversations, greedy)
+    assert first.cached == [False] * 3 and first.rows == [3] and all(texts)
+    second = backend()  # another run: a new backend on the same file
+    assert second.generate(conversations, greedy) == texts and second.rows == []
+    assert second.cached == [True] * 3
+    assert (second.cut_short, second.usage) == (first.cut_short, first.usage)
+    more = [*conversations[:2], [{"role": "user", "content": "something new"}], conversations[2]]
+    assert second.generate(more, greedy)[:2] == texts[:2] and second.rows == [1]  # only the new one
+    assert second.cached == [True, True, False, True]
+    second.generate(conversations, Sampling(max_new_tokens=9))  # another setting: asked again
+    second.generate(conversations, Sampling(max_new_tokens=8, temperature=0.8))  # sampled: never kept
+    second.generate(conversations, Sampling(max_new_tokens=8, temperature=0.8))
+    assert second.rows == [1, 3, 3, 3] and second.cached == [False] * 3
+    with second.adapter_off():  # the base model alone is another model (a no-op here: no adapter)
+        second.generate(conversations, greedy)
+    assert second.rows[-1] == 3 and (second.hits, second.misses) == (6, 7)
+    (model / "config.json").write_text((model / "config.json").read_text())  # the model files changed
+    third = backend()
+    assert third.generate(conversations, greedy) == texts and third.rows == [3]
+
+
+def test_a_second_agent_on_the_same_answer_cache_predicts_the_same_and_counts_it(
+    tiny_model, yelp_store, yelp_tasks, tmp_path
+):
+    from agents.retrieval import hashed_bag_of_words
+
+    store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
+    targets = read_targets(yelp_tasks)
+    tasks = [{**t, "ts": targets[t["task_id"]]["ts"]} for t in read_tasks(yelp_tasks)][:4]
+    llm = LLMConfig(model=str(tiny_model), device="cpu", answer_cache=str(tmp_path / "answers.sqlite"))
+    config = AgentConfig(kind="retrieval-llm", max_new_tokens=8, prompt_tokens=200)
+
+    def predict():
+        agent = ReviewAgent(config, llm, store, encoder=lambda t: hashed_bag_of_words(t, 64))
+        return agent.predict(tasks)
+
+    first, second = predict(), predict()
+    assert [(p.stars, p.review, p.source, p.unusable) for p in first] == [
+        (p.stars, p.review, p.source, p.unusable) for p in second
+    ]
+    assert sum(p.counts["retries"] for p in first) > 0  # a random model's answers: retried, also cached
+    assert all(p.counts["cached_answers"] == 0 for p in first)
+    assert all(p.counts["cached_answers"] == p.counts["llm_answers"] + p.counts["retries"] for p in second)
+
+
 def test_hf_backend_constrained_answers_follow_the_format_even_from_a_random_model(tiny_model):
     """A random 2-layer model writes noise; under a constraint every answer still has the required
     shape and closes (the review bound forces the end), batched or not."""

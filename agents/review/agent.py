@@ -285,15 +285,17 @@ class ReviewAgent:
             {"task_id": review_id, "user_id": user, "item_id": item, "ts": ts, "validation": True}
             for review_id, user, item, ts, _ in drawn
         ]
-        answered = {}
+        answered, cached = {}, 0
         for start in tqdm(range(0, len(tasks), self.config.batch_size), desc="LLM stars for the blend"):
             batch = tasks[start : start + self.config.batch_size]
             answers = self.ask(self.contexts(batch))
+            cached += sum(a.counts["cached_answers"] for a in answers)
             answered.update(
                 (t["task_id"], a.stars)
                 for t, a in zip(batch, answers, strict=True)
                 if usable(a.stars, a.review)
             )
+        self.stars.report["llm_validation"]["cached_answers"] = cached  # answer_cache
         return answered
 
     def before(self, task: dict) -> int | None:
@@ -532,10 +534,12 @@ class ReviewAgent:
         conversations = [self.messages(c) for c in contexts]
         texts = self.llm.generate(conversations, sampling, constraint=constraint)
         unconstrained = getattr(self.llm, "unconstrained", None) or [False] * len(texts)
+        cached = getattr(self.llm, "cached", None) or [False] * len(texts)  # answer_cache
         answers = []
-        for text, cut, free in zip(texts, self.llm.cut_short, unconstrained, strict=True):
+        for text, cut, free, kept in zip(texts, self.llm.cut_short, unconstrained, cached, strict=True):
             stars, review = parse_completion(text)
             counts = Counter(llm_answers=1, unconstrained=int(free and constraint is not None))
+            counts["cached_answers"] += kept
             ok = usable(stars, review)
             counts["parse_failures"] += not ok
             answers.append(Answer(stars, review, text, "llm", [] if ok else [text], cut, counts))
@@ -547,9 +551,11 @@ class ReviewAgent:
                 for i in bad
             ]
             again = self.llm.generate(retry, sampling, constraint=constraint)
-            for i, text, cut in zip(bad, again, self.llm.cut_short, strict=True):
+            cached = getattr(self.llm, "cached", None) or [False] * len(again)
+            for i, text, cut, kept in zip(bad, again, self.llm.cut_short, cached, strict=True):
                 answer = answers[i]
                 answer.counts["retries"] += 1
+                answer.counts["cached_answers"] += kept
                 stars, review = parse_completion(text)
                 if usable(stars, review):
                     answer.stars, answer.review, answer.text, answer.source, answer.cut_short = (
