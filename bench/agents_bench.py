@@ -18,6 +18,16 @@ process per retrieval method (BM25, MiniLM embeddings); reports load time, tasks
 seconds, the ratio to unconstrained, the tokens each allows first (how it may spell the fixed
 "stars: "), and per mode how many answers are usable, follow the format exactly, end before
 max_new_tokens, and end in a loop (the same 1-4 tokens 4 times over).
+``reuse``: what ``tuned-mbr`` costs on the tasks in eval.suite, as it runs there now and as it ran
+before: (now) its greedy answers and blend stars from an answer cache that a ``tuned`` run filled, and
+samples drawn only for the tasks whose group's choice in the selection rule uses them; (before) no
+cache, samples for every task. Both build the agent (the blend's stars are asked while it loads) and
+predict the same N tasks with the rule that the suite chose on validation, interleaved (before, now,
+now, before); reports the median seconds of each, their ratio and how many predictions (stars and
+review) are identical.
+
+    python -m bench.agents_bench reuse   # after make demo: its adapter, tasks and rule (about 4 minutes)
+
 Results go to runs/bench/agents_bench_*.json.
 """
 
@@ -196,6 +206,57 @@ def stats(args: argparse.Namespace) -> dict:
     return results
 
 
+def reuse(args: argparse.Namespace) -> dict:
+    import tempfile
+
+    from trl import TrlParser
+
+    from agents.encoders import packaged_minilm
+    from agents.llm import LLMConfig
+    from agents.review.agent import AgentConfig, ReviewAgent
+    from agents.review.simulate import RunArguments, load_tasks
+    from data_prep.store import ReviewStore
+    from eval.suite import CONFIGS, generation_args
+
+    tasks = load_tasks(RunArguments(out="", data=str(args.data), tasks=str(args.tasks), limit=args.n))
+    store = ReviewStore.open(args.data, tasks=args.tasks)
+    encoder = packaged_minilm("cpu", 64)
+    cache = Path(tempfile.mkdtemp()) / "answers.sqlite"
+
+    def agent(kind: str, cached: bool, **extra) -> ReviewAgent:
+        argv = ["--config", str(CONFIGS / f"{kind}.yaml"), *generation_args(), "--adapter", str(args.adapter)]
+        argv += ["--device", "cpu", *(["--answer_cache", str(cache)] if cached else [])]
+        for key, value in extra.items():
+            argv += [f"--{key}", str(value)]
+        agent_config, llm_config = TrlParser((AgentConfig, LLMConfig)).parse_args_and_config(args=argv)
+        return ReviewAgent(agent_config, llm_config, store, encoder)
+
+    started = time.perf_counter()
+    agent("tuned", cached=True).predict(tasks)  # what the suite's `tuned` run leaves in the cache
+    filled = time.perf_counter() - started
+    print(f"tuned, filling the cache: {filled:.1f} s", flush=True)
+    seconds: dict[str, list[float]] = {"before": [], "now": []}
+    predictions: dict[str, list] = {}
+    for mode in ("before", "now", "now", "before")[: 2 * args.rounds]:
+        started = time.perf_counter()
+        mbr = agent("tuned-mbr", cached=mode == "now", selection_rule=args.rule)
+        if mode == "before":
+            mbr.wants_samples = lambda ctx: True  # samples for every task, as before the rule decided
+        predictions[mode] = [(p.stars, p.review) for p in mbr.predict(tasks)]
+        seconds[mode].append(time.perf_counter() - started)
+        print(f"tuned-mbr, {mode}: {seconds[mode][-1]:.1f} s", flush=True)
+    before, now = statistics.median(seconds["before"]), statistics.median(seconds["now"])
+    same = sum(a == b for a, b in zip(predictions["before"], predictions["now"], strict=True))
+    return {
+        "tasks": len(tasks),
+        "rule": json.loads(Path(args.rule).read_text())["groups"],
+        "seconds_tuned_filling_the_cache": round(filled, 2),
+        "seconds": {k: [round(x, 2) for x in v] for k, v in seconds.items()},
+        "speedup_now_over_before": round(before / now, 2),
+        "identical_predictions": f"{same}/{len(tasks)}",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -215,10 +276,18 @@ def main() -> None:
     s.add_argument("--store", type=Path, default=Path("runs/bench/store_2000000"))
     s.add_argument("--n-tasks", type=int, default=10_000)
     s.add_argument("--retrieval", nargs="+", default=["bm25", "embedding"], choices=["bm25", "embedding"])
-    for p in (g, c, s):
+    r = sub.add_parser("reuse")
+    r.add_argument("--data", type=Path, default=Path("runs/demo/data/amazon"))
+    r.add_argument("--tasks", type=Path, default=Path("runs/demo/tasks/amazon"))
+    r.add_argument("--adapter", type=Path, default=Path("runs/demo/sft/smollm2_lora"))
+    r.add_argument("--rule", type=Path, default=Path("runs/demo/suite/amazon/validation/tuned-mbr/rule.json"))
+    r.add_argument("--n", type=int, default=16, help="tasks")
+    r.add_argument("--rounds", type=int, default=2, help="timed runs of each mode")
+    for p in (g, c, s, r):
         p.add_argument("--out", type=Path, default=Path("runs/bench"))
     args = parser.parse_args()
-    result = {"generation": generation, "constrained": constrained, "stats": stats}[args.bench](args)
+    benches = {"generation": generation, "constrained": constrained, "stats": stats, "reuse": reuse}
+    result = benches[args.bench](args)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"agents_bench_{args.bench}.json"
     path.write_text(json.dumps(result, indent=2))
