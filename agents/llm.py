@@ -33,13 +33,18 @@ backend could not enforce (the agents count it per answer).
 backend gives, so a second run asking the same backend the same conversation with the same settings
 gets the first run's answer instead of generating it again (eval.suite: ``tuned`` and ``tuned-mbr`` ask
 the same greedy answers and blend stars). The key is everything the answer depends on: the backend's
-identity (backend, model, the model folder's files by name, size and time, the adapter's digest,
-device, adapter on or off, the library versions, this file's digest, so a change to the decoding code
-asks again), the conversation and its rendered prompt, the sampling settings and the constraint.
-Sampled answers are never kept (they depend on the batch's random stream). After each ``generate``,
-``cached[i]`` says whether answer i came from the cache (the agents count it). Greedy answers do not
-depend on the batch they were made in (tests/test_agents.py compares batched and one-at-a-time ones),
-so the cache is an execution setting, like the batch size: it is left out of run fingerprints.
+identity (backend, model, the model's files by name, size and time, from its folder or its snapshot
+in the local Hugging Face cache, the adapter's digest and its tokenizer files, device, adapter on or
+off, the library versions, this file's digest, so a change to the decoding code asks again), the
+conversation and its rendered prompt, the sampling settings (not the seed or top_p, which change no
+greedy answer) and the constraint. Sampled answers are never kept (they depend on the batch's random
+stream). An openai model is known by its served name only (a warning says so). After each
+``generate``, ``cached[i]`` says whether answer i came from the cache (the agents count it;
+``count_tokens`` counts no tokens for it). In float32 greedy answers do not depend on the batch they
+were made in (tests/test_agents.py on the CPU, tests/test_gpu.py on CUDA); in bf16 on a GPU left
+padding can flip a near-tie, so a cached answer can differ from what another batch would give, as
+answers from two batch sizes can. So the cache is an execution setting, like the batch size: it is
+left out of run fingerprints.
 
 ``Sampling``'s ``repetition_penalty`` and ``no_repeat_ngram_size`` reach the backends that have them
 (each backend's ``decoding_controls``: hf both, vllm the penalty, openai none). ``adapter_off()`` runs a
@@ -53,10 +58,12 @@ import json
 import logging
 import os
 import sqlite3
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from data_prep.offline_models import resolve_model
@@ -545,9 +552,14 @@ class VLLMBackend:
 
 
 def count_tokens(backend, counts: Counter) -> None:
-    """Add the last call's prompt and answer tokens (where the backend reports them) to the counts."""
-    for used in getattr(backend, "usage", None) or []:
-        if used is not None:  # a server may leave either number out
+    """Add the last call's prompt and answer tokens (where the backend reports them) to the counts;
+    an answer from the answer cache cost none: it is counted as ``cached_answers`` instead."""
+    used_all = getattr(backend, "usage", None) or []
+    cached = getattr(backend, "cached", None) or [False] * len(used_all)
+    for used, kept in zip(used_all, cached, strict=True):
+        if kept:
+            counts["cached_answers"] += 1
+        elif used is not None:  # a server may leave either number out
             counts["prompt_tokens"] += used[0] or 0
             counts["answer_tokens"] += used[1] or 0
 
@@ -652,26 +664,40 @@ class OpenAIBackend:
 
 class CachedBackend:
     """A backend whose greedy answers are kept in ``answer_cache`` (the module docstring); everything
-    else is the backend's own."""
+    else is read from the backend itself (settings too: set them on ``.backend``). Safe to call from
+    any thread (the sandbox's web page and plug-in agents generate from their own)."""
 
     def __init__(self, backend, config: LLMConfig):
         self.backend, self.path = backend, Path(config.answer_cache)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(self.path, timeout=60)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT NOT NULL)")
+        self.lock = threading.Lock()
+        self.conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
+        with self.lock:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute(
+                "CREATE TABLE IF NOT EXISTS answers (key TEXT PRIMARY KEY, answer TEXT NOT NULL)"
+            )
         self.identity = backend_identity(config, backend)
+        if config.backend == "openai":
+            log.warning(
+                "answer_cache with the openai backend: answers are kept by the served model's name (%s); "
+                "if the weights behind it change, delete %s",
+                config.model,
+                self.path,
+            )
         self.adapter_is_off = False
         self.hits = self.misses = 0
 
     def __getattr__(self, name):
         if name == "backend":  # not yet set (while unpickling, say): not the backend's
             raise AttributeError(name)
+        if name == "adapter_off":  # only where the backend has one (openai has none)
+            return partial(self._adapter_off, self.backend.adapter_off)
         return getattr(self.backend, name)
 
     @contextmanager
-    def adapter_off(self):
-        with self.backend.adapter_off():
+    def _adapter_off(self, inner):
+        with inner():
             was, self.adapter_is_off = self.adapter_is_off, True
             try:
                 yield
@@ -680,15 +706,28 @@ class CachedBackend:
 
     def key(self, conversation: list[dict], sampling: Sampling, constraint: Constraint | None) -> str:
         tokenizer = getattr(self.backend, "tokenizer", None)
+        settings = asdict(sampling)
+        settings.pop("seed"), settings.pop("top_p")  # greedy: neither changes the answer
         what = {
             "backend": self.identity,
             "adapter_off": self.adapter_is_off,
             "conversation": conversation,
             "prompt": render_prompt(tokenizer, conversation) if tokenizer is not None else None,
-            "sampling": asdict(sampling),
+            "sampling": settings,
             "constraint": asdict(constraint) if constraint is not None else None,
         }
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+    def lookup(self, keys: list[str]) -> dict[str, dict]:
+        found = {}
+        with self.lock:
+            for start in range(0, len(keys), 500):
+                part = keys[start : start + 500]
+                rows = self.conn.execute(
+                    f"SELECT key, answer FROM answers WHERE key IN ({','.join('?' * len(part))})", part
+                )
+                found.update((key, json.loads(answer)) for key, answer in rows)
+        return found
 
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
@@ -700,35 +739,31 @@ class CachedBackend:
             self.cached = [False] * len(texts)
             return texts
         keys = [self.key(c, sampling, constraint) for c in conversations]
-        found = {}
-        for start in range(0, len(keys), 500):
-            part = keys[start : start + 500]
-            rows = self.conn.execute(
-                f"SELECT key, answer FROM answers WHERE key IN ({','.join('?' * len(part))})", part
-            )
-            found.update((key, json.loads(answer)) for key, answer in rows)
+        found = self.lookup(keys)
         self.cached = [key in found for key in keys]
-        todo = list(dict.fromkeys(k for k in keys if k not in found))  # each missing answer once
-        if todo:
-            first = {k: keys.index(k) for k in todo}
+        first: dict[str, int] = {}  # each missing answer asked once, for its first conversation
+        for i, key in enumerate(keys):
+            if key not in found:
+                first.setdefault(key, i)
+        if first:
             texts = self.backend.generate(
-                [conversations[first[k]] for k in todo], sampling, constraint=constraint
+                [conversations[i] for i in first.values()], sampling, constraint=constraint
             )
             free = getattr(self.backend, "unconstrained", None) or [False] * len(texts)
             new = {
                 k: {"text": t, "cut_short": c, "usage": u, "unconstrained": f}
                 for k, t, c, u, f in zip(
-                    todo, texts, self.backend.cut_short, self.backend.usage, free, strict=True
+                    first, texts, self.backend.cut_short, self.backend.usage, free, strict=True
                 )
             }
-            with self.conn:
+            with self.lock, self.conn:
                 self.conn.executemany(
                     "INSERT OR REPLACE INTO answers VALUES (?, ?)",
                     ((k, json.dumps(v)) for k, v in new.items()),
                 )
             found.update(new)
         self.hits += sum(self.cached)
-        self.misses += len(todo)
+        self.misses += len(first)
         answers = [found[k] for k in keys]
         self.cut_short = [a["cut_short"] for a in answers]
         self.usage = [tuple(a["usage"]) if a["usage"] is not None else None for a in answers]
@@ -736,26 +771,56 @@ class CachedBackend:
         return [a["text"] for a in answers]
 
 
+TOKENIZER_FILES = (
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template*",
+    "vocab*",
+    "merges.txt",
+)
+
+
+def model_files(name: str) -> list | None:
+    """A model's files by name, size and modification time (a 7B model is not hashed on every run): its
+    folder's, or for a hub id the snapshot in the local Hugging Face cache (named by its commit); None
+    where neither is on this machine (an openai model, say)."""
+    path = Path(name)
+    if not path.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            found = try_to_load_from_cache(name, "config.json")
+        except ValueError:  # not a hub id either (huggingface_hub's HFValidationError)
+            return None
+        if not isinstance(found, str):
+            return None
+        path = Path(found).parent  # .../snapshots/COMMIT
+    return sorted(
+        (str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns)
+        for f in path.rglob("*")
+        if f.is_file()
+    ) + [("snapshot", path.name)]
+
+
 def backend_identity(config: LLMConfig, backend) -> dict:
     """What a backend's answers depend on besides the request (CachedBackend's key)."""
-    from data_prep.fingerprint import adapter_digest
+    from data_prep.fingerprint import adapter_digest, digest_files
     from data_prep.provenance import package_versions
 
     settings = {
         k: v for k, v in asdict(config).items() if k not in (*EXECUTION_FIELDS, "adapter", "api_key_env")
     }
-    path = Path(resolve_model(config.model)) if config.backend != "openai" else None
-    files = None
-    if path is not None and path.is_dir():  # by name, size and time: a 7B model is not hashed each run
-        files = sorted(
-            (str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns)
-            for f in path.rglob("*")
-            if f.is_file()
-        )
+    tokenizer = None
+    if config.adapter:  # the hf backend reads its tokenizer from the adapter's folder
+        folder = Path(config.adapter)
+        files = sorted({f for pattern in TOKENIZER_FILES for f in folder.glob(pattern) if f.is_file()})
+        tokenizer = digest_files(files, folder) if files else None
     return {
         "settings": settings,
-        "model_files": files,
+        "model_files": model_files(resolve_model(config.model)) if config.backend != "openai" else None,
         "adapter": adapter_digest(config.adapter),
+        "adapter_tokenizer": tokenizer,
         "device": backend.info.get("device"),
         "versions": package_versions(["torch", "transformers", "peft", "vllm", "llguidance"]),
         "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),

@@ -23,8 +23,8 @@ before: (now) its greedy answers and blend stars from an answer cache that a ``t
 samples drawn only for the tasks whose group's choice in the selection rule uses them; (before) no
 cache, samples for every task. Both build the agent (the blend's stars are asked while it loads) and
 predict the same N tasks with the rule that the suite chose on validation, interleaved (before, now,
-now, before); reports the median seconds of each, their ratio and how many predictions (stars and
-review) are identical.
+now, before); reports the median seconds of each, their ratio and how many predictions are identical
+(stars, review and the greedy answer, which the rule's choice does not use but the cache serves).
 
     python -m bench.agents_bench reuse   # after make demo: its adapter, tasks and rule (about 4 minutes)
 
@@ -242,7 +242,7 @@ def reuse(args: argparse.Namespace) -> dict:
         mbr = agent("tuned-mbr", cached=mode == "now", selection_rule=args.rule)
         if mode == "before":
             mbr.wants_samples = lambda ctx: True  # samples for every task, as before the rule decided
-        predictions[mode] = [(p.stars, p.review) for p in mbr.predict(tasks)]
+        predictions[mode] = [(p.stars, p.review, p.raw) for p in mbr.predict(tasks)]  # raw: the greedy answer
         seconds[mode].append(time.perf_counter() - started)
         print(f"tuned-mbr, {mode}: {seconds[mode][-1]:.1f} s", flush=True)
     before, now = statistics.median(seconds["before"]), statistics.median(seconds["now"])

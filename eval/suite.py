@@ -15,7 +15,8 @@ the same tasks with 95% BCa bootstrap intervals, the CLAIMS below), and prints t
 The LLM agents share one answer cache, OUT/answers.sqlite (agents.llm, ``answer_cache``): a greedy
 answer one agent asked (``tuned``'s answers and blend stars) is taken from it by the next agent that
 asks the same backend the same thing (``tuned-mbr``, on the same tasks) instead of being generated
-again; agents.md says how many answers came from it.
+again; agents.md says how many answers came from it. A rerun takes them from it too (its seconds per
+task are then the cache's): delete OUT/answers.sqlite to have them generated again.
 
 ``--wandb offline|online`` logs every evaluation (eval.tracking) and one suite run with the comparison
 and the claims as tables, into the tuned adapter's W&B project and group.
@@ -124,7 +125,8 @@ def agents_table(runs: dict[str, Path]) -> str:
 
 
 def answers(counts: dict) -> str:
-    """The LLM answers cell: how many, and how many of them came from the answer cache."""
+    """The LLM answers cell: how many first answers, and how many of them came from the answer cache
+    (retries are counted apart, as cached_retries)."""
     kept = counts.get("cached_answers", 0)
     return f"{counts['llm_answers']}" + (f" ({kept} cached)" if kept else "")
 

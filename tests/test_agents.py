@@ -5,6 +5,7 @@ import shutil
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -324,6 +325,7 @@ def test_tuned_agent_asks_for_validation_stars_only_on_reviews_its_adapter_did_n
         "validation_reviews": len(validation),
         "not_in_adapter_training": len(validation) - len(trained),
         "asked": len(asked_ids),
+        "cached_answers": 0,  # no answer_cache
     }
     assert 5 <= len(asked_ids) <= 60 and agent.stars.report["llm_validation_stars"] == len(asked_ids)
     conversations = [c for call in fake.calls for c in call]
@@ -694,9 +696,48 @@ def test_the_answer_cache_gives_a_second_run_the_first_runs_greedy_answers(tiny_
     with second.adapter_off():  # the base model alone is another model (a no-op here: no adapter)
         second.generate(conversations, greedy)
     assert second.rows[-1] == 3 and (second.hits, second.misses) == (6, 7)
+    answer = Constraint.answer(12)  # a constrained answer is another answer
+    assert second.generate(conversations, greedy, constraint=answer) != texts and second.rows[-1] == 3
+    twice = [conversations[0], [{"role": "user", "content": "twice"}], [{"role": "user", "content": "twice"}]]
+    assert second.generate(twice, greedy)[1:] == second.generate(twice, greedy)[1:]
+    assert second.rows[-1] == 1 and second.cached == [True] * 3  # asked once, then kept
+    assert second.generate([], greedy) == [] and second.cached == []
+    # another seed or top_p changes no greedy answer: the same key
+    assert second.generate(conversations, Sampling(max_new_tokens=8, seed=5, top_p=0.5)) == texts
+    assert second.cached == [True] * 3
+    with ThreadPoolExecutor(2) as pool:  # from other threads (the sandbox's web page, plug-in agents)
+        assert list(pool.map(lambda c: second.generate([c], greedy)[0], conversations)) == texts
     (model / "config.json").write_text((model / "config.json").read_text())  # the model files changed
     third = backend()
     assert third.generate(conversations, greedy) == texts and third.rows == [3]
+
+
+def test_the_answer_cache_keeps_a_backends_missing_parts_missing(monkeypatch, tmp_path):
+    """Wrapped, a backend without adapter_off (openai) still has none, so callers that look for it
+    (the sandbox) take the same path; the key holds no API key; cached answers cost no tokens."""
+    from collections import Counter
+
+    from agents.llm import count_tokens
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-secret")
+    llm = load_llm(LLMConfig(backend="openai", model="served", base_url="http://127.0.0.1:9/v1",
+                             answer_cache=str(tmp_path / "a.sqlite")))  # fmt: skip
+    assert getattr(llm, "adapter_off", None) is None and not hasattr(llm, "adapter_off")
+    assert "sk-test-secret" not in json.dumps(llm.identity)
+
+    def served(conversations, sampling, constraint=None):
+        llm.backend.cut_short, llm.backend.usage = (
+            [False] * len(conversations),
+            [(10, 3)] * len(conversations),
+        )
+        return ["stars: 4\nreview: ok"] * len(conversations)
+
+    monkeypatch.setattr(llm.backend, "generate", served)
+    counts = Counter()
+    for _ in range(2):
+        llm.generate([[{"role": "user", "content": "hi"}]], Sampling(max_new_tokens=8))
+        count_tokens(llm, counts)
+    assert counts == Counter(prompt_tokens=10, answer_tokens=3, cached_answers=1)
 
 
 def test_a_second_agent_on_the_same_answer_cache_predicts_the_same_and_counts_it(
@@ -719,8 +760,9 @@ def test_a_second_agent_on_the_same_answer_cache_predicts_the_same_and_counts_it
         (p.stars, p.review, p.source, p.unusable) for p in second
     ]
     assert sum(p.counts["retries"] for p in first) > 0  # a random model's answers: retried, also cached
-    assert all(p.counts["cached_answers"] == 0 for p in first)
-    assert all(p.counts["cached_answers"] == p.counts["llm_answers"] + p.counts["retries"] for p in second)
+    assert all(p.counts["cached_answers"] == p.counts["cached_retries"] == 0 for p in first)
+    assert all(p.counts["cached_answers"] == p.counts["llm_answers"] for p in second)
+    assert all(p.counts["cached_retries"] == p.counts["retries"] for p in second)
 
 
 def test_hf_backend_constrained_answers_follow_the_format_even_from_a_random_model(tiny_model):

@@ -191,6 +191,10 @@ def test_the_suite_chooses_the_rule_on_validation_and_the_run_is_fingerprinted_b
     rule.write_text(json.dumps(again))
     simulate.main([*argv, "--out", str(out / "sim" / "stats-mbr"), "--selection_rule", str(rule)])
     assert made.read_bytes() == before
+    # which tasks draw samples under a rule is in the run's fingerprint, and only under a rule
+    ran_with_rule = json.loads((out / "sim" / "stats-mbr" / "fingerprint.json").read_text())
+    ran_without = json.loads((out / "validation" / "sim" / "stats-mbr" / "fingerprint.json").read_text())
+    assert "rule_sampling" in json.dumps(ran_with_rule) and "rule_sampling" not in json.dumps(ran_without)
     edited = json.loads(rule.read_text())
     edited["groups"]["item_with_history"] = {"pool": "retrieved", "sentiment_weight": 3.0}  # never chosen
     rule.write_text(json.dumps(edited))

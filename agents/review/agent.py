@@ -539,7 +539,8 @@ class ReviewAgent:
         for text, cut, free, kept in zip(texts, self.llm.cut_short, unconstrained, cached, strict=True):
             stars, review = parse_completion(text)
             counts = Counter(llm_answers=1, unconstrained=int(free and constraint is not None))
-            counts["cached_answers"] += kept
+            if kept:  # a key only where it happened, as with the other counts
+                counts["cached_answers"] += 1
             ok = usable(stars, review)
             counts["parse_failures"] += not ok
             answers.append(Answer(stars, review, text, "llm", [] if ok else [text], cut, counts))
@@ -555,7 +556,8 @@ class ReviewAgent:
             for i, text, cut, kept in zip(bad, again, self.llm.cut_short, cached, strict=True):
                 answer = answers[i]
                 answer.counts["retries"] += 1
-                answer.counts["cached_answers"] += kept
+                if kept:
+                    answer.counts["cached_retries"] += 1
                 stars, review = parse_completion(text)
                 if usable(stars, review):
                     answer.stars, answer.review, answer.text, answer.source, answer.cut_short = (
