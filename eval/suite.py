@@ -226,12 +226,11 @@ def run_suite(
         run = out / "sim" / kind
         agent = ["--config", str(CONFIGS / f"{kind}.yaml"), "--data", str(data), "--visibility", visibility]
         agent += ["--overwrite", "true"] if overwrite else []
-        if not kind.startswith("stats"):
+        if not kind.startswith("stats"):  # the LLM agents: greedy answers asked once for all of them
             agent += generation_args() if extra is None else extra
+            agent += ["--answer_cache", str(out / ANSWER_CACHE)]
         if kind.startswith("tuned"):
             agent += ["--adapter", str(adapter)]
-        if kind != "stats" and not kind.startswith("stats-"):  # greedy answers asked once for all agents
-            agent += ["--answer_cache", str(out / ANSWER_CACHE)]
         if validation is not None and uses_selection(kind):
             print(f"\n--- {kind} on the validation tasks {validation}: choosing its selection rule")
             on_validation = out / "validation" / "sim" / kind
