@@ -1,22 +1,43 @@
-"""LLM backends behind one interface: a batch of chat conversations in, one text per conversation out.
-After each ``generate`` call, ``cut_short[i]`` says whether answer i stopped at ``max_new_tokens``
-rather than at its end (so a truncated review is counted, never silent), and ``usage[i]`` is answer i's
-(prompt tokens, answer tokens) (None where a server does not say).
+"""LLM backends behind one interface: a batch of chat conversations in, one ``Answer`` per conversation
+out. An ``Answer`` is a record: the text, whether it stopped at ``max_new_tokens`` rather than at its
+end (``cut_short``: a truncated review is counted, never silent), the prompt and answer tokens (None
+where a server does not say), whether a constraint was enforced, whether it came from the answer cache,
+and, for a choice read from probabilities, each option's probability and their expected value. No
+caller reads state left on a backend.
 
 **Structured outputs.** ``generate(..., constraint=...)`` makes every answer follow a ``Constraint``:
 
 - ``Constraint.answer(n)``: the renderer's answer format (``stars: S`` with S in 1-5, a newline,
   ``review: `` and 1 to n characters without a newline, then the end), so training and inference keep
   one format and a looping small model still closes its review;
-- ``Constraint.json(schema)``: a JSON schema;
+- ``Constraint.json(schema)``: a JSON schema, decoded in the order its properties are written (a
+  rationale written first is decoded first); the answer cache keys it in a canonical form;
 - ``Constraint.choice(options)``: exactly one of fixed strings.
 
 ``hf`` enforces them with llguidance (``GrammarProcessor``, a logits processor over transformers'
-``generate``; why llguidance: README), ``vllm`` with its own structured outputs, ``openai`` with ``response_format`` (a JSON schema:
-the answer format is asked as {"stars", "review"} and written back as the two lines). A server that
-refuses ``response_format`` is asked without it from then on, and the answers are parsed (and retried)
-as before. After each call, ``unconstrained[i]`` says whether answer i was asked for a constraint the
-backend could not enforce (the agents count it per answer).
+``generate``; why llguidance: docs/dependencies.md), ``vllm`` with its own structured outputs, ``openai``
+with ``response_format`` (a JSON schema: the answer format is asked as {"stars", "review"} and written
+back as the two lines). A server that refuses ``response_format`` is asked without it from then on, and
+the answers are parsed (and retried) as before; their records say ``constrained=False``.
+
+**Choices from probabilities.** ``option_probs(backend, conversations, options)`` gives, for each prompt,
+the normalised probability of each option (digits, item numbers, yes/no) and, when every option is a
+number, their expected value: a rating read as 3.6 where the most likely digit is 4, not the first
+digit a small model copies from "from 1 to 5". ``hf``: one forward pass over the prompts (options of
+one token) or one more over the options (longer ones); ``vllm``: the log-probabilities of each option's
+tokens after the prompt (``prompt_logprobs``); ``openai``: the first answer token's ``top_logprobs``,
+when every option is one token. A server that returns no log-probabilities, or options it cannot read
+that way, fall back to ``samples`` sampled answers under a choice constraint: the records say
+``probs_from="samples"`` and the callers count them. A backend without ``option_probs`` (a scripted test
+backend) takes the same fallback.
+
+**Decoding is explicit.** Every setting of ``Sampling`` (max tokens, temperature, top_p, repetition
+penalty, no-repeat n-gram) reaches every backend; nothing else applies. ``hf`` sets the model's
+``generation_config`` aside when it loads (what it asked is in ``info["model_generation_config"]``),
+``vllm`` builds every ``SamplingParams`` in full, ``openai`` sends the standard fields and, with
+``decoding_fields: vllm``, vLLM's own (``repetition_penalty``, ``top_k``, ``min_p``), so ``vllm serve``
+cannot fill in the model's defaults. A control a backend cannot apply is refused (``decoding_controls``
+lists what each applies): callers ask only for what it has and record the rest.
 
 - ``hf``: transformers (+ an optional PEFT adapter), batched left-padded generation, greedy when
   temperature is 0; ``score`` gives the log-probability of given answers (options) after a prompt, the
@@ -38,17 +59,14 @@ in the local Hugging Face cache, the adapter's digest and its tokenizer files, d
 off, the library versions, this file's digest, so a change to the decoding code asks again), the
 conversation and its rendered prompt, the sampling settings (not the seed or top_p, which change no
 greedy answer) and the constraint. Sampled answers are never kept (they depend on the batch's random
-stream). An openai model is known by its served name only (a warning says so). After each
-``generate``, ``cached[i]`` says whether answer i came from the cache (the agents count it;
-``count_tokens`` counts no tokens for it). In float32 greedy answers do not depend on the batch they
-were made in (tests/test_agents.py on the CPU, tests/test_gpu.py on CUDA); in bf16 on a GPU left
-padding can flip a near-tie, so a cached answer can differ from what another batch would give, as
-answers from two batch sizes can. So the cache is an execution setting, like the batch size: it is
-left out of run fingerprints.
+stream). An openai model is known by its served name only (a warning says so). A kept answer's record
+says ``cached=True`` (the agents count it; ``count_usage`` counts no tokens for it). In float32 greedy
+answers do not depend on the batch they were made in (tests/test_agents.py on the CPU,
+tests/test_gpu.py on CUDA); in bf16 on a GPU left padding can flip a near-tie, so a cached answer can
+differ from what another batch would give, as answers from two batch sizes can. So the cache is an
+execution setting, like the batch size: it is left out of run fingerprints.
 
-``Sampling``'s ``repetition_penalty`` and ``no_repeat_ngram_size`` reach the backends that have them
-(each backend's ``decoding_controls``: hf both, vllm the penalty, openai none). ``adapter_off()`` runs a
-block on the base model alone (hf, vllm).
+``adapter_off()`` runs a block on the base model alone (hf, vllm).
 """
 
 from __future__ import annotations
@@ -56,6 +74,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -73,12 +92,39 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Answer:
+    """One answer of a backend: what it says and how it came about."""
+
+    text: str
+    cut_short: bool = False  # stopped at max_new_tokens rather than at its end
+    prompt_tokens: int | None = None  # None where a server does not say
+    answer_tokens: int | None = None
+    constrained: bool = False  # asked for a constraint, and the backend enforced it
+    cached: bool = False  # from the answer cache: it cost no tokens now
+    # a choice read from probabilities (``option_probs``): option -> probability (summing to 1)
+    probs: dict[str, float] | None = None
+    expected: float | None = None  # numeric options: the expected value under ``probs``
+    probs_from: str | None = None  # logprobs | top_logprobs | samples
+
+
+def count_usage(answers: list[Answer], counts: Counter) -> None:
+    """Add the answers' prompt and answer tokens to the counts; an answer from the answer cache cost
+    none: it is counted as ``cached_answers`` instead."""
+    for answer in answers:
+        if answer.cached:
+            counts["cached_answers"] += 1
+            continue
+        counts["prompt_tokens"] += answer.prompt_tokens or 0  # a server may leave either number out
+        counts["answer_tokens"] += answer.answer_tokens or 0
+
+
+@dataclass(frozen=True)
 class Constraint:
     """What every answer must look like; see the module docstring."""
 
     kind: str  # answer | json | choice
     max_chars: int = 400
-    schema: str | None = None  # json: the schema as JSON text (hashable)
+    schema: str | None = None  # json: the schema as JSON text in its written order (hashable)
     options: tuple[str, ...] = ()
 
     @staticmethod
@@ -89,11 +135,16 @@ class Constraint:
 
     @staticmethod
     def json(schema: dict) -> Constraint:
-        return Constraint("json", schema=json.dumps(schema, sort_keys=True))
+        """A JSON schema, kept in the order it is written: decoding writes its properties in that order."""
+        if not isinstance(schema, dict) or not schema:
+            raise ValueError("a JSON constraint needs a schema (a non-empty dict)")
+        if schema.get("type") == "object" and not schema.get("properties"):
+            raise ValueError("a JSON object schema needs properties: without them the answer is unbounded")
+        return Constraint("json", schema=json.dumps(schema))
 
     @staticmethod
     def json_object(**properties: dict) -> Constraint:
-        """A JSON object with exactly these properties (JSON schemas), all required."""
+        """A JSON object with exactly these properties (JSON schemas), all required, in this order."""
         return Constraint.json(
             {
                 "type": "object",
@@ -105,9 +156,14 @@ class Constraint:
 
     @staticmethod
     def choice(options: list[str]) -> Constraint:
-        if not options:
-            raise ValueError("a choice needs options")
-        return Constraint("choice", options=tuple(options))
+        return Constraint("choice", options=tuple(check_options(options)))
+
+    def canonical(self) -> dict:
+        """This constraint with its schema's keys sorted: what the answer cache keys it by."""
+        value = asdict(self)
+        if self.schema is not None:
+            value["schema"] = json.dumps(json.loads(self.schema), sort_keys=True)
+        return value
 
     def regex(self) -> str:
         """The answer format as a regular expression."""
@@ -128,7 +184,7 @@ class Constraint:
         )
 
     def json_schema(self) -> dict:
-        """The JSON schema a backend that only offers JSON is asked for."""
+        """The JSON schema a backend that only offers JSON is asked for (in its written order)."""
         if self.kind == "json":
             return json.loads(self.schema)
         if self.kind == "answer":
@@ -179,15 +235,150 @@ class Constraint:
         return str(value.get("choice"))
 
 
-@dataclass
+def check_options(options: list[str]) -> list[str]:
+    """Options of a choice: at least one, each a non-empty string, no two alike."""
+    options = list(options)
+    if not options:
+        raise ValueError("a choice needs options")
+    if not all(isinstance(o, str) and o for o in options):
+        raise ValueError(f"every option of a choice must be a non-empty string: {options!r}")
+    if len(set(options)) != len(options):
+        twice = sorted({o for o in options if options.count(o) > 1})
+        raise ValueError(f"the options of a choice must differ: {twice} appear more than once")
+    return options
+
+
+@dataclass(frozen=True)
 class Sampling:
+    """How a call decodes. Every field reaches every backend (module docstring); neutral by default."""
+
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    # controls against loops, where a backend has them (its ``decoding_controls``); neutral by default
+    # controls against loops, where a backend has them (its ``decoding_controls``)
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+
+    def controls(self) -> list[str]:
+        """The loop controls this sampling asks for (those away from neutral)."""
+        return [
+            name
+            for name, on in (
+                ("repetition_penalty", self.repetition_penalty != 1.0),
+                ("no_repeat_ngram_size", self.no_repeat_ngram_size > 0),
+            )
+            if on
+        ]
+
+    def settings(self) -> dict:
+        """What a run's provenance records of it: everything but the seed (varied per call)."""
+        return {k: v for k, v in asdict(self).items() if k != "seed"}
+
+
+def refuse_missing_controls(backend, sampling: Sampling) -> None:
+    """A clear error when a sampling asks for a loop control the backend cannot apply (never a silent
+    no-op): the caller asks only for what ``decoding_controls`` lists, and records the rest."""
+    missing = [c for c in sampling.controls() if c not in backend.decoding_controls]
+    if missing:
+        name = getattr(backend, "info", {}).get("backend", type(backend).__name__)
+        raise ValueError(
+            f"the {name} backend cannot apply {', '.join(missing)} (it applies "
+            f"{', '.join(backend.decoding_controls) or 'none'}): leave it neutral for this backend"
+        )
+
+
+def normalise(logprobs: list[float]) -> list[float]:
+    """Probabilities from log-probabilities, summing to 1 (a softmax)."""
+    top = max(logprobs)
+    weights = [math.exp(x - top) for x in logprobs]
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def numeric(options: list[str]) -> list[float] | None:
+    """The options as numbers, when every one is a number; else None."""
+    try:
+        return [float(o) for o in options]
+    except ValueError:
+        return None
+
+
+def choice_answer(options: list[str], probs: list[float], probs_from: str, **usage) -> Answer:
+    """The record of a choice read from probabilities: the most likely option as its text (ties to the
+    first), each option's probability and, for numeric options, the expected value."""
+    values = numeric(options)
+    best = max(range(len(options)), key=lambda i: (probs[i], -i))
+    return Answer(
+        options[best],
+        constrained=True,
+        probs=dict(zip(options, probs, strict=True)),
+        expected=sum(v * p for v, p in zip(values, probs, strict=True)) if values else None,
+        probs_from=probs_from,
+        **usage,
+    )
+
+
+def sampled_choices(
+    backend, conversations: list[list[dict]], options: list[str], samples: int, seed: int
+) -> list[Answer]:
+    """The fallback where no log-probabilities can be read: ``samples`` answers per prompt at
+    temperature 1 under a choice constraint, each option's probability its share of them (labelled
+    ``probs_from="samples"``). Answers outside the options (a backend that could not enforce the
+    choice) are left out of the shares; a prompt with none of them gets no probabilities."""
+    if samples < 1:
+        raise ValueError("the sampled fallback of a choice needs samples >= 1")
+    sampling = Sampling(max_new_tokens=max(8, 4 * max(len(o) for o in options)), temperature=1.0, seed=seed)
+    asked = [c for c in conversations for _ in range(samples)]
+    answers = backend.generate(asked, sampling, Constraint.choice(options)) if asked else []
+    out = []
+    for i in range(len(conversations)):
+        mine = answers[i * samples : (i + 1) * samples]
+        picked = Counter(a.text.strip() for a in mine)
+        inside = sum(picked[o] for o in options)
+        usage = {
+            "prompt_tokens": sum(a.prompt_tokens or 0 for a in mine),
+            "answer_tokens": sum(a.answer_tokens or 0 for a in mine),
+        }
+        if inside == 0:
+            out.append(Answer("", probs=None, probs_from="samples", **usage))
+            continue
+        out.append(choice_answer(options, [picked[o] / inside for o in options], "samples", **usage))
+    return out
+
+
+def option_probs(
+    backend,
+    conversations: list[list[dict]],
+    options: list[str],
+    samples: int = 8,
+    seed: int = 0,
+    prefix: str = "",
+) -> list[Answer]:
+    """The shared choice call (module docstring): for each prompt, each option's probability and their
+    expected value, from the backend's probabilities where it has them, else from ``samples`` sampled
+    answers (labelled). ``options`` are the same for every prompt; ``prefix`` is the beginning of the
+    answer the option follows ("stars: "): a backend that cannot continue one gives no probabilities
+    there (``probs_from="unavailable"``), for the caller to count."""
+    options = check_options(options)
+    if not conversations:
+        return []
+    own = getattr(backend, "option_probs", None)
+    if own is not None:
+        return own(conversations, options, samples=samples, seed=seed, prefix=prefix)
+    if prefix:
+        return [Answer("", probs_from="unavailable") for _ in conversations]
+    return sampled_choices(backend, conversations, options, samples, seed)
+
+
+def read_choice(answer: Answer, mode: str) -> float | None:
+    """A numeric choice as the caller's ``mode`` reads it: ``expected`` the expected value, ``greedy``
+    the most likely option; None for an answer without probabilities (its caller's counted fallback)."""
+    if mode not in ("expected", "greedy"):
+        raise ValueError(f"a rating is read greedy or expected, not {mode!r}")
+    if answer.probs is None:
+        return None
+    return answer.expected if mode == "expected" else float(answer.text)
 
 
 # LLMConfig settings that change how fast answers come, not what they are: run fingerprints leave them out
@@ -215,6 +406,10 @@ class LLMConfig:
     concurrency: int = 8
     timeout_s: float = 60.0
     max_retries: int = 5
+    # openai: which decoding fields the server takes: standard (the OpenAI API's) or vllm (also
+    # repetition_penalty, top_k and min_p, sent in full so `vllm serve` cannot fill in the model's own
+    # defaults, and continue_final_message for choices read after an answer's beginning)
+    decoding_fields: str = "standard"
     # openai: the served model's tokenizer (hub id, folder or offline alias), so prompts are fitted to
     # prompt_tokens exactly as the training pairs were; without it prompts are not fitted (a warning)
     tokenizer: str | None = None
@@ -309,11 +504,18 @@ class HFBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        asked = neutral_generation_config(model, self.tokenizer)
         if config.adapter:
             model = load_adapter(model, config.model, config.adapter)
         self.model = model.to(device).eval()
         self.batch_size = config.generation_batch_size
-        self.info = {"backend": "hf", "model": config.model, "adapter": config.adapter, "device": device}
+        self.info = {
+            "backend": "hf",
+            "model": config.model,
+            "adapter": config.adapter,
+            "device": device,
+            "model_generation_config": asked,  # set aside: decoding comes from Sampling alone
+        }
         self._lltokenizer, self._grammars = None, {}
 
     decoding_controls = ("repetition_penalty", "no_repeat_ngram_size")
@@ -333,19 +535,27 @@ class HFBackend:
             self._off = False
 
     def score(
-        self, conversations: list[list[dict]], options: list[list[str]], max_rows: int = 64
+        self,
+        conversations: list[list[dict]],
+        options: list[list[str]],
+        max_rows: int = 64,
+        end: bool = True,
+        prefix: str = "",
     ) -> list[list[tuple[float, int]]]:
         """For each conversation and each of its options: (log-probability, tokens) of the answer
-        ``option`` followed by the end of turn, given the conversation's rendered prompt. Each prompt is
-        run once; its key-value cache is shared by its options, which run together in one more forward
-        pass (``max_rows`` options at most per pass, whole prompts' worth)."""
+        ``prefix + option`` (followed by the end of turn when ``end``), given the conversation's rendered
+        prompt; the prefix is given, not scored. Each prompt is run once; its key-value cache is shared by
+        its options, which run together in one more forward pass (``max_rows`` options at most per pass,
+        whole prompts' worth)."""
         import torch
 
         device = self.model.device
-        eos = self.tokenizer.eos_token
+        eos = self.tokenizer.eos_token if end else ""
         encoded = [
             [self.tokenizer(t + eos, add_special_tokens=False)["input_ids"] for t in o] for o in options
         ]
+        if any(not x for group in encoded for x in group):
+            raise ValueError("an option the tokenizer turns into no tokens cannot be scored")
         out: list[list[tuple[float, int]]] = []
         start = 0
         while start < len(conversations):
@@ -356,7 +566,7 @@ class HFBackend:
                 and sum(len(o) for o in options[start : end + 1]) <= max_rows
             ):
                 end += 1
-            batch = self.encode(conversations[start:end]).to(device)
+            batch = self.encode(conversations[start:end], prefix).to(device)
             mask = batch["attention_mask"]
             with torch.no_grad():
                 first = self.model(
@@ -415,28 +625,81 @@ class HFBackend:
             self._grammars[constraint] = constraint.llguidance()
         return GrammarProcessor(self._lltokenizer, self._grammars[constraint], self.model.config.vocab_size)
 
-    def encode(self, conversations: list[list[dict]]):
-        """The token ids the model is fed: the chat template's text (it writes any BOS itself), left-padded."""
-        texts = [render_prompt(self.tokenizer, c) for c in conversations]
+    def encode(self, conversations: list[list[dict]], prefix: str = ""):
+        """The token ids the model is fed: the chat template's text (it writes any BOS itself) and the
+        answer's given beginning (``prefix``), left-padded."""
+        texts = [render_prompt(self.tokenizer, c) + prefix for c in conversations]
         return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def option_probs(
+        self,
+        conversations: list[list[dict]],
+        options: list[str],
+        samples: int = 8,
+        seed: int = 0,
+        prefix: str = "",
+    ) -> list[Answer]:
+        """Each option's probability after each prompt (and the answer's given beginning ``prefix``):
+        the log-probabilities of the option's tokens, normalised over the options. Options of one
+        token each are read off the prompts' forward pass alone."""
+        options = check_options(options)
+        ids = [self.tokenizer(o, add_special_tokens=False)["input_ids"] for o in options]
+        if all(len(x) == 1 for x in ids) and len({x[0] for x in ids}) == len(ids):
+            scored = self.next_token_logprobs(conversations, [x[0] for x in ids], prefix)
+        else:
+            scored = [
+                [lp for lp, _ in row]
+                for row in self.score(conversations, [options] * len(conversations), end=False, prefix=prefix)
+            ]
+        prompt_tokens = self.encode(conversations, prefix)["attention_mask"].sum(dim=1).tolist()
+        return [
+            choice_answer(options, normalise(row), "logprobs", prompt_tokens=n, answer_tokens=0)
+            for row, n in zip(scored, prompt_tokens, strict=True)
+        ]
+
+    def next_token_logprobs(
+        self, conversations: list[list[dict]], token_ids: list[int], prefix: str = ""
+    ) -> list[list[float]]:
+        """The log-probability of each of ``token_ids`` as the next token after each prompt (and
+        ``prefix``), in batches of ``batch_size`` prompts, one forward pass each."""
+        import torch
+
+        out = []
+        for start in range(0, len(conversations), self.batch_size):
+            batch = self.encode(conversations[start : start + self.batch_size], prefix).to(self.model.device)
+            mask = batch["attention_mask"]
+            with torch.no_grad():
+                logits = (
+                    self.model(
+                        input_ids=batch["input_ids"],
+                        attention_mask=mask,
+                        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),  # left padding: positions from 0
+                        logits_to_keep=1,
+                    )
+                    .logits[:, -1]
+                    .float()
+                )
+            logp = torch.log_softmax(logits, dim=-1)[:, token_ids].cpu()
+            out += logp.tolist()
+        return out
 
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
-    ) -> list[str]:
+    ) -> list[Answer]:
         import torch
 
+        refuse_missing_controls(self, sampling)
         torch.manual_seed(sampling.seed)
-        outputs: list[str] = []
-        self.cut_short, self.usage = [], []
+        outputs: list[Answer] = []
         for start in range(0, len(conversations), self.batch_size):
             batch = self.encode(conversations[start : start + self.batch_size]).to(self.model.device)
-            kwargs = {"do_sample": sampling.temperature > 0}
+            kwargs = {  # every setting explicit: the model's generation_config was set aside at load
+                "do_sample": sampling.temperature > 0,
+                "repetition_penalty": sampling.repetition_penalty,
+                "no_repeat_ngram_size": sampling.no_repeat_ngram_size,
+            }
             if sampling.temperature > 0:
-                kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
-            if sampling.repetition_penalty != 1.0:
-                kwargs["repetition_penalty"] = sampling.repetition_penalty
-            if sampling.no_repeat_ngram_size:
-                kwargs["no_repeat_ngram_size"] = sampling.no_repeat_ngram_size
+                kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
             if constraint is not None:
                 from transformers import LogitsProcessorList
 
@@ -450,16 +713,52 @@ class HFBackend:
                     **kwargs,
                 )
             new = generated[:, batch["input_ids"].shape[1] :]
-            outputs.extend(self.tokenizer.batch_decode(new, skip_special_tokens=True))
+            texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
             ended = new == self.tokenizer.eos_token_id
-            self.cut_short += ended.any(dim=1).logical_not().tolist()
             # answer tokens up to and including the first end token (the rest is padding)
             lengths = torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, new.shape[1])
-            self.usage += list(
-                zip(batch["attention_mask"].sum(dim=1).tolist(), lengths.tolist(), strict=True)
-            )
-        self.unconstrained = [False] * len(outputs)
+            outputs += [
+                Answer(text, not stopped, prompt, length, constrained=constraint is not None)
+                for text, stopped, prompt, length in zip(
+                    texts,
+                    ended.any(dim=1).tolist(),
+                    batch["attention_mask"].sum(dim=1).tolist(),
+                    lengths.tolist(),
+                    strict=True,
+                )
+            ]
         return outputs
+
+
+# what a model's generation_config may ask that changes answers; neutral_generation_config sets it aside
+DECODING_KEYS = (
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "length_penalty",
+    "num_beams",
+)
+
+
+def neutral_generation_config(model, tokenizer) -> dict:
+    """Replace the model's ``generation_config`` with a neutral one that keeps only its special token
+    ids, so no decoding default of the model's (Qwen2.5-Instruct's 1.05 repetition penalty, say)
+    applies silently; returns what the model's own config asked."""
+    from transformers import GenerationConfig
+
+    own = model.generation_config.to_diff_dict() if model.generation_config is not None else {}
+    asked = {k: own[k] for k in DECODING_KEYS if k in own}
+    ids = {k: own.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    ids["pad_token_id"] = ids["pad_token_id"] if ids["pad_token_id"] is not None else tokenizer.pad_token_id
+    model.generation_config = GenerationConfig(**{k: v for k, v in ids.items() if v is not None})
+    if asked:
+        log.info("decoding from Sampling alone; the model's generation_config asked %s (set aside)", asked)
+    return asked
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's max_lora_rank accepts
@@ -516,9 +815,10 @@ class VLLMBackend:
 
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
-    ) -> list[str]:
+    ) -> list[Answer]:
         from vllm import SamplingParams
 
+        refuse_missing_controls(self, sampling)
         extra = {}
         if constraint is not None:
             from vllm.sampling_params import StructuredOutputsParams
@@ -530,8 +830,6 @@ class VLLMBackend:
             else:
                 structured = StructuredOutputsParams(regex=constraint.regex())
             extra["structured_outputs"] = structured
-        if sampling.repetition_penalty != 1.0:
-            extra["repetition_penalty"] = sampling.repetition_penalty
         # one seed per request (seed + its index), so identical prompts in a batch (several samples of
         # one prompt) sample independently, as the hf backend's rows do
         params = [
@@ -539,43 +837,87 @@ class VLLMBackend:
                 max_tokens=sampling.max_new_tokens,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
+                repetition_penalty=sampling.repetition_penalty,
                 seed=sampling.seed + i,
                 **extra,
             )
             for i in range(len(conversations))
         ]
         outputs = self.engine.chat(conversations, params, lora_request=self.lora, use_tqdm=False)
-        self.cut_short = [o.outputs[0].finish_reason == "length" for o in outputs]
-        self.usage = [(len(o.prompt_token_ids), len(o.outputs[0].token_ids)) for o in outputs]
-        self.unconstrained = [False] * len(outputs)
-        return [o.outputs[0].text for o in outputs]
+        return [
+            Answer(
+                o.outputs[0].text,
+                o.outputs[0].finish_reason == "length",
+                len(o.prompt_token_ids),
+                len(o.outputs[0].token_ids),
+                constrained=constraint is not None,
+            )
+            for o in outputs
+        ]
+
+    def option_probs(
+        self,
+        conversations: list[list[dict]],
+        options: list[str],
+        samples: int = 8,
+        seed: int = 0,
+        prefix: str = "",
+    ) -> list[Answer]:
+        """Each option's probability after each prompt (and ``prefix``): the engine scores the prompt
+        followed by each option (``prompt_logprobs``: the log-probability of every prompt token; the
+        shared prompt is computed once with prefix caching), normalised over the options."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        options = check_options(options)
+        option_ids = [self.tokenizer.encode(o, add_special_tokens=False) for o in options]
+        if any(not x for x in option_ids):
+            raise ValueError("an option the tokenizer turns into no tokens cannot be scored")
+        requests, spans = [], []
+        for conversation in conversations:
+            text = render_prompt(self.tokenizer, conversation) + prefix
+            base = self.tokenizer.encode(text, add_special_tokens=False)
+            for ids in option_ids:
+                requests.append(TokensPrompt(prompt_token_ids=base + ids))
+                spans.append((len(base), ids))
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        outputs = self.engine.generate(requests, params, lora_request=self.lora, use_tqdm=False)
+        totals = [
+            sum(o.prompt_logprobs[start + j][token].logprob for j, token in enumerate(ids))
+            for o, (start, ids) in zip(outputs, spans, strict=True)
+        ]
+        n = len(options)
+        return [
+            choice_answer(
+                options,
+                normalise(totals[i * n : (i + 1) * n]),
+                "logprobs",
+                prompt_tokens=spans[i * n][0],
+                answer_tokens=0,
+            )
+            for i in range(len(conversations))
+        ]
 
 
-def count_tokens(backend, counts: Counter) -> None:
-    """Add the last call's prompt and answer tokens (where the backend reports them) to the counts;
-    an answer from the answer cache cost none: it is counted as ``cached_answers`` instead."""
-    used_all = getattr(backend, "usage", None) or []
-    cached = getattr(backend, "cached", None) or [False] * len(used_all)
-    for used, kept in zip(used_all, cached, strict=True):
-        if kept:
-            counts["cached_answers"] += 1
-        elif used is not None:  # a server may leave either number out
-            counts["prompt_tokens"] += used[0] or 0
-            counts["answer_tokens"] += used[1] or 0
-
-
-def usage(response) -> tuple[int, int] | None:
-    """(prompt tokens, answer tokens) as the server reports them; None when it does not."""
+def usage(response) -> tuple[int | None, int | None]:
+    """(prompt tokens, answer tokens) as the server reports them; None for what it does not."""
     if response.usage is None:
-        return None
+        return None, None
     return response.usage.prompt_tokens, response.usage.completion_tokens
 
 
 class OpenAIBackend:
-    decoding_controls = ()  # the API's frequency and presence penalties are another thing: none applied
+    TOP_LOGPROBS = 20  # the most the OpenAI API returns per token
 
     def __init__(self, config: LLMConfig):
         from openai import OpenAI
+
+        if config.decoding_fields not in ("standard", "vllm"):
+            raise ValueError(f"decoding_fields is standard or vllm, not {config.decoding_fields!r}")
+        self.fields = config.decoding_fields
+        # the API's frequency and presence penalties are another thing: a standard server applies no
+        # loop control; vLLM's server takes its repetition penalty
+        self.decoding_controls = ("repetition_penalty",) if self.fields == "vllm" else ()
 
         names = [name.strip() for name in config.api_key_env.split(",") if name.strip()]
         missing = [name for name in names if not os.environ.get(name)]
@@ -609,14 +951,14 @@ class OpenAIBackend:
             "base_url": config.base_url,
             "tokenizer": config.tokenizer,
             "keys": len(self.clients),
+            "decoding_fields": self.fields,
         }
         self.structured = True  # until the server refuses response_format
+        self.logprobs = True  # until the server returns none
 
-    def _one(
-        self, client, conversation: list[dict], sampling: Sampling, constraint: Constraint | None, index: int
-    ) -> tuple[str, bool, tuple[int, int] | None]:
-        from openai import BadRequestError
-
+    def request(self, conversation: list[dict], sampling: Sampling, index: int) -> dict:
+        """A chat request with every decoding setting explicit (vLLM's own fields too, where the server
+        is vLLM's, so it fills in none of the model's defaults)."""
         request = {
             "model": self.model,
             "messages": conversation,
@@ -625,6 +967,20 @@ class OpenAIBackend:
             "top_p": sampling.top_p,
             "seed": sampling.seed + index,  # per request: identical prompts sample independently
         }
+        if self.fields == "vllm":
+            request["extra_body"] = {
+                "repetition_penalty": sampling.repetition_penalty,
+                "top_k": -1,
+                "min_p": 0.0,
+            }
+        return request
+
+    def _one(
+        self, client, conversation: list[dict], sampling: Sampling, constraint: Constraint | None, index: int
+    ) -> Answer:
+        from openai import BadRequestError
+
+        request = self.request(conversation, sampling, index)
         if constraint is not None and self.structured:
             schema = {"name": f"{constraint.kind}_answer", "schema": constraint.json_schema(), "strict": True}
             try:
@@ -633,7 +989,7 @@ class OpenAIBackend:
                 )
                 choice = response.choices[0]
                 text = constraint.from_json(choice.message.content or "")
-                return text, choice.finish_reason == "length", usage(response)
+                return Answer(text, choice.finish_reason == "length", *usage(response), constrained=True)
             except BadRequestError as err:
                 if not any(word in str(err) for word in ("response_format", "json_schema")):
                     raise  # another problem with this request (too long, ...): the task's error
@@ -641,25 +997,92 @@ class OpenAIBackend:
                 log.warning("the server refused response_format (%s); answers are parsed and retried", err)
         response = client.chat.completions.create(**request)
         choice = response.choices[0]
-        return choice.message.content or "", choice.finish_reason == "length", usage(response)
+        return Answer(choice.message.content or "", choice.finish_reason == "length", *usage(response))
+
+    def parallel(self, work, items: list) -> list:
+        """``work(client, item, index)`` for every item, ``concurrency`` per key at once, keys in turn."""
+        clients = [self.clients[i % len(self.clients)] for i in range(len(items))]
+        with ThreadPoolExecutor(self.concurrency * len(self.clients)) as pool:
+            return list(pool.map(work, clients, items, range(len(items))))
 
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
-    ) -> list[str]:
-        clients = [self.clients[i % len(self.clients)] for i in range(len(conversations))]
-        with ThreadPoolExecutor(self.concurrency * len(self.clients)) as pool:
-            answers = list(
-                pool.map(
-                    lambda k, c, i: self._one(k, c, sampling, constraint, i),
-                    clients,
-                    conversations,
-                    range(len(conversations)),
-                )
+    ) -> list[Answer]:
+        refuse_missing_controls(self, sampling)
+        return self.parallel(lambda k, c, i: self._one(k, c, sampling, constraint, i), conversations)
+
+    def one_token_options(self, options: list[str]) -> bool:
+        """Whether every option is one token, so the first answer token's top_logprobs can read it: by
+        the configured tokenizer, else (not knowing the server's) only single characters."""
+        if self.tokenizer is None:
+            return all(len(o) == 1 for o in options)
+        return all(len(self.tokenizer.encode(o, add_special_tokens=False)) == 1 for o in options)
+
+    def _top(
+        self, client, conversation: list[dict], index: int, seed: int, prefix: str
+    ) -> tuple[dict | None, tuple]:
+        """The first answer token's top log-probabilities by token text (stripped), or None where the
+        server gave none; and the usage."""
+        messages = conversation
+        request = self.request(messages, Sampling(max_new_tokens=1, seed=seed), index)
+        if prefix:  # vLLM's server continues the answer's beginning
+            request["messages"] = [*conversation, {"role": "assistant", "content": prefix}]
+            request["extra_body"] |= {"continue_final_message": True, "add_generation_prompt": False}
+        response = client.chat.completions.create(**request, logprobs=True, top_logprobs=self.TOP_LOGPROBS)
+        logprobs = response.choices[0].logprobs
+        content = getattr(logprobs, "content", None) if logprobs is not None else None
+        if not content or not content[0].top_logprobs:
+            return None, usage(response)
+        top: dict[str, float] = {}
+        for entry in content[0].top_logprobs:  # "4" and " 4" are one option: their probabilities add
+            token = entry.token.strip()
+            top[token] = (
+                math.log(math.exp(top[token]) + math.exp(entry.logprob)) if token in top else entry.logprob
             )
-        self.cut_short = [cut for _, cut, _ in answers]
-        self.usage = [used for _, _, used in answers]
-        self.unconstrained = [constraint is not None and not self.structured] * len(answers)
-        return [text for text, _, _ in answers]
+        return top, usage(response)
+
+    def option_probs(
+        self,
+        conversations: list[list[dict]],
+        options: list[str],
+        samples: int = 8,
+        seed: int = 0,
+        prefix: str = "",
+    ) -> list[Answer]:
+        """Each option's probability from the first answer token's ``top_logprobs`` (options of one
+        token); a prompt the server gives none for, or where no option is among them, falls back to
+        ``samples`` sampled answers (``probs_from="samples"``). An option outside the top ones counts as
+        probability 0. ``prefix`` (the answer's given beginning) needs ``decoding_fields: vllm``."""
+        options = check_options(options)
+        if prefix and self.fields != "vllm":
+            raise ValueError(
+                "a choice after an answer's beginning needs a server that continues an answer "
+                "(decoding_fields: vllm); read this rating greedy instead"
+            )
+        readable = self.one_token_options(options)
+        out: list[Answer | None] = [None] * len(conversations)
+        if readable and self.logprobs:
+            tops = self.parallel(lambda k, c, i: self._top(k, c, i, seed, prefix), conversations)
+            if all(top is None for top, _ in tops):
+                self.logprobs = False
+                log.warning(
+                    "the server returned no log-probabilities: choices are sampled (%d answers each)", samples
+                )
+            for i, (top, used) in enumerate(tops):
+                found = [top.get(o) for o in options] if top else []
+                if any(x is not None for x in found):
+                    logps = [x if x is not None else -math.inf for x in found]
+                    tokens = {"prompt_tokens": used[0], "answer_tokens": used[1]} if used else {}
+                    out[i] = choice_answer(options, normalise(logps), "top_logprobs", **tokens)
+        missing = [i for i, a in enumerate(out) if a is None]
+        if missing and prefix:  # no sampled fallback after a given beginning: no probabilities
+            for i in missing:
+                out[i] = Answer("", probs_from="unavailable")
+        elif missing:
+            sampled = sampled_choices(self, [conversations[i] for i in missing], options, samples, seed)
+            for i, answer in zip(missing, sampled, strict=True):
+                out[i] = answer
+        return out
 
 
 class CachedBackend:
@@ -714,7 +1137,7 @@ class CachedBackend:
             "conversation": conversation,
             "prompt": render_prompt(tokenizer, conversation) if tokenizer is not None else None,
             "sampling": settings,
-            "constraint": asdict(constraint) if constraint is not None else None,
+            "constraint": constraint.canonical() if constraint is not None else None,
         }
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
@@ -731,44 +1154,31 @@ class CachedBackend:
 
     def generate(
         self, conversations: list[list[dict]], sampling: Sampling, constraint: Constraint | None = None
-    ) -> list[str]:
+    ) -> list[Answer]:
         if sampling.temperature > 0:  # sampled: asked every time
-            texts = self.backend.generate(conversations, sampling, constraint=constraint)
-            self.cut_short, self.usage = self.backend.cut_short, self.backend.usage
-            self.unconstrained = getattr(self.backend, "unconstrained", None) or [False] * len(texts)
-            self.cached = [False] * len(texts)
-            return texts
+            return self.backend.generate(conversations, sampling, constraint=constraint)
         keys = [self.key(c, sampling, constraint) for c in conversations]
         found = self.lookup(keys)
-        self.cached = [key in found for key in keys]
+        kept = {key for key in keys if key in found}
         first: dict[str, int] = {}  # each missing answer asked once, for its first conversation
         for i, key in enumerate(keys):
             if key not in found:
                 first.setdefault(key, i)
         if first:
-            texts = self.backend.generate(
+            answers = self.backend.generate(
                 [conversations[i] for i in first.values()], sampling, constraint=constraint
             )
-            free = getattr(self.backend, "unconstrained", None) or [False] * len(texts)
-            new = {
-                k: {"text": t, "cut_short": c, "usage": u, "unconstrained": f}
-                for k, t, c, u, f in zip(
-                    first, texts, self.backend.cut_short, self.backend.usage, free, strict=True
-                )
-            }
+            new = {k: asdict(a) for k, a in zip(first, answers, strict=True)}
             with self.lock, self.conn:
                 self.conn.executemany(
                     "INSERT OR REPLACE INTO answers VALUES (?, ?)",
                     ((k, json.dumps(v)) for k, v in new.items()),
                 )
             found.update(new)
-        self.hits += sum(self.cached)
-        self.misses += len(first)
-        answers = [found[k] for k in keys]
-        self.cut_short = [a["cut_short"] for a in answers]
-        self.usage = [tuple(a["usage"]) if a["usage"] is not None else None for a in answers]
-        self.unconstrained = [a["unconstrained"] for a in answers]
-        return [a["text"] for a in answers]
+        with self.lock:
+            self.hits += sum(key in kept for key in keys)
+            self.misses += len(first)
+        return [Answer(**{**found[key], "cached": key in kept}) for key in keys]
 
 
 TOKENIZER_FILES = (

@@ -65,7 +65,7 @@ def generation(args: argparse.Namespace) -> dict:
     for size in order[: 2 * args.rounds]:
         agent.llm.batch_size = size
         started = time.perf_counter()
-        outputs[size] = agent.llm.generate(conversations, sampling)
+        outputs[size] = [a.text for a in agent.llm.generate(conversations, sampling)]
         seconds[size].append(time.perf_counter() - started)
         print(f"generation_batch_size {size}: {seconds[size][-1]:.1f} s", flush=True)
     batched, single = statistics.median(seconds[args.batch_size]), statistics.median(seconds[1])
@@ -136,8 +136,8 @@ def constrained(args: argparse.Namespace) -> dict:
         if processors[mode] is not None:
             backend.processor = processors[mode]
         started = time.perf_counter()
-        texts = backend.generate(conversations, sampling, constraint=answer if processors[mode] else None)
-        return time.perf_counter() - started, texts
+        answers = backend.generate(conversations, sampling, constraint=answer if processors[mode] else None)
+        return time.perf_counter() - started, answers
 
     run("llguidance")  # warm-up (and the tokenizer conversion, once)
     seconds: dict[str, list[float]] = {mode: [] for mode in processors}
@@ -145,9 +145,10 @@ def constrained(args: argparse.Namespace) -> dict:
     cut: dict[str, list[bool]] = {}
     for r in range(args.rounds):
         for mode in list(processors) if r % 2 == 0 else list(processors)[::-1]:
-            took, outputs[mode] = run(mode)
+            took, answers = run(mode)
+            outputs[mode] = [a.text for a in answers]
             seconds[mode].append(round(took, 2))
-            cut[mode] = list(backend.cut_short)
+            cut[mode] = [a.cut_short for a in answers]
             print(f"{mode}: {took:.1f} s", flush=True)
     pattern = re.compile(answer.regex())
     result = {

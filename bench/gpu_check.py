@@ -140,10 +140,13 @@ def check_backend(model: Path, adapter: Path, device: str) -> dict:
             LLMConfig(model=str(model), adapter=str(adapter), generation_batch_size=4, device=device)
         )
         prompts = [[{"role": "user", "content": f"Review item {i}."}] for i in range(4)]
-        outputs = backend.generate(prompts, Sampling(max_new_tokens=16))
+        outputs = [a.text for a in backend.generate(prompts, Sampling(max_new_tokens=16))]
         if len(outputs) != 4:
             problems.append(f"{len(outputs)} answers for 4 prompts")
-        formatted = backend.generate(prompts, Sampling(max_new_tokens=48), constraint=Constraint.answer(16))
+        formatted = [
+            a.text
+            for a in backend.generate(prompts, Sampling(max_new_tokens=48), constraint=Constraint.answer(16))
+        ]
         wrong = [a for a in formatted if not re.fullmatch(r"stars: [1-5]\nreview: [^\n]{1,16}", a)]
         if wrong:
             problems.append(f"constrained answers out of the format: {wrong[:2]}")

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from agents.llm import Answer
 from agents.retrieval import hashed_bag_of_words
 from agents.sandbox.social import fit_pareto
 from data_prep import movielens
@@ -94,7 +95,7 @@ class FakeBackend:
     def generate(self, conversations, sampling, constraint=None):
         self.calls += 1
         time.sleep(self.latency + self.per_row * len(conversations))
-        return [self.answer(c, constraint) for c in conversations]
+        return [Answer(self.answer(c, constraint), constrained=True) for c in conversations]
 
     @staticmethod
     def answer(conversation, constraint) -> str:
@@ -121,11 +122,7 @@ class OneAtATime:
         self.backend = backend
 
     def generate(self, conversations, sampling, constraint=None):
-        answers, self.usage = [], []
-        for conversation in conversations:
-            answers.append(self.backend.generate([conversation], sampling, constraint)[0])
-            self.usage += getattr(self.backend, "usage", None) or [None]
-        return answers
+        return [self.backend.generate([c], sampling, constraint)[0] for c in conversations]
 
 
 def one_round(data, n: int, backend, seed: int = 0) -> tuple[float, int]:
@@ -229,7 +226,7 @@ def real_efficiency(args) -> dict:
 
 
 class Counting:
-    """Counts the calls and answers that reach a backend; passes its answers and usage through."""
+    """Counts the calls and answers that reach a backend; passes its answers through."""
 
     def __init__(self, backend):
         self.backend, self.calls, self.answers = backend, 0, 0
@@ -238,10 +235,6 @@ class Counting:
         self.calls += 1
         self.answers += len(conversations)
         return self.backend.generate(conversations, sampling, constraint)
-
-    @property
-    def usage(self):
-        return self.backend.usage
 
 
 class FirstItemUser(FakeBackend):

@@ -139,7 +139,10 @@ def predict_llm(cases, data, backend, rng, counts, history_titles: int = 20, **_
     answers, chunk = [], 64  # asked in chunks, for the progress bar
     with adapter_context(backend, False):  # the bare LLM is the base model
         for start in tqdm(range(0, len(prompts), chunk), desc="llm ratings", unit="chunk"):
-            answers += backend.generate(prompts[start : start + chunk], sampling, Constraint.choice(STARS))
+            answers += [
+                a.text
+                for a in backend.generate(prompts[start : start + chunk], sampling, Constraint.choice(STARS))
+            ]
     fallback = predict_user_mean_whole(cases, data)  # not counted here: the fallbacks are, below
     out, k = [], 0
     for case, backup in zip(cases, fallback, strict=True):

@@ -217,7 +217,9 @@ def pick_llm(cases, a, data, backend, rng, counts, history_titles: int = 10, **_
     answers = []
     for start in tqdm(range(0, len(prompts), CHUNK), desc="llm", leave=False):
         chunk = prompts[start : start + CHUNK]
-        answers += backend.generate(chunk, sampling, numbers_schema(a, len(cases[0]["candidates"])))
+        answers += [
+            x.text for x in backend.generate(chunk, sampling, numbers_schema(a, len(cases[0]["candidates"])))
+        ]
     return parse_numbers(cases, answers, a, rng, counts)
 
 

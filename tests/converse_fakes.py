@@ -3,6 +3,8 @@ constraint's shape, and records the kind of every call in order."""
 
 import json
 
+from agents.llm import Answer
+
 
 class Scripted:
     def __init__(self, rating=None, actions=None, judged=None, drop=(), plan="recommend"):
@@ -35,7 +37,7 @@ class Scripted:
             out.append(self.answer(conversation, constraint))
             kind = self.kinds[-1] if len(self.kinds) > known else "unrecorded"
             self.calls.append((kind, conversation[-1]["content"]))
-        return out
+        return [Answer(text, constrained=constraint is not None) for text in out]
 
     def answer(self, conversation, constraint):
         text = conversation[-1]["content"]

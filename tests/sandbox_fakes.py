@@ -2,7 +2,7 @@
 
 import json
 
-from agents.llm import Constraint
+from agents.llm import Answer, Constraint
 from agents.retrieval import hashed_bag_of_words
 
 
@@ -20,7 +20,7 @@ class Scripted:
 
     def generate(self, conversations, sampling, constraint=None):
         self.batches.append(len(conversations))
-        return [self.answer(c, constraint) for c in conversations]
+        return [Answer(self.answer(c, constraint), constrained=True) for c in conversations]
 
     def answer(self, conversation, constraint: Constraint):
         name = conversation[0]["content"].removeprefix("You are ").split(";")[0].split(".")[0]

@@ -1,11 +1,13 @@
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from agents.llm import Constraint, LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
+from agents.llm import Answer, Constraint, LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
 from agents.review import agent as agent_module
 from agents.review import simulate
 from agents.review.agent import KINDS, AgentConfig, ReviewAgent, in_sample
@@ -27,6 +29,10 @@ from eval import baselines, suite
 @pytest.fixture(scope="module")
 def yelp_tasks(yelp_store, tmp_path_factory, make_tasks):
     return make_tasks(yelp_store, tmp_path_factory.mktemp("agent_tasks"), n=20, seed=1)
+
+
+def texts(answers: list[Answer]) -> list[str]:
+    return [a.text for a in answers]
 
 
 def tasks_with_dates(task_dir):
@@ -45,6 +51,8 @@ class Scripted(BaseHTTPRequestHandler):
     seen: list[str] = []
     bodies: list[dict] = []
     structured = True  # False: the server answers 400 to response_format, like one without the feature
+    logprobs = True  # False: the server returns no log-probabilities even when asked
+    top = [("4", -0.4), (" 4", -2.0), ("3", -1.5), ("Sure", -3.0)]  # the first token's top log-probabilities
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -82,6 +90,9 @@ class Scripted(BaseHTTPRequestHandler):
             ],
             "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
         }
+        if body.get("logprobs") and Scripted.logprobs:
+            top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in Scripted.top]
+            reply["choices"][0]["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
         data = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -98,7 +109,7 @@ def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    Scripted.seen, Scripted.bodies, Scripted.structured = [], [], True
+    Scripted.seen, Scripted.bodies, Scripted.structured, Scripted.logprobs = [], [], True, True
     yield f"http://127.0.0.1:{httpd.server_port}/v1"
     httpd.shutdown()
 
@@ -116,17 +127,19 @@ def test_openai_backend_retries_429_5xx_and_timeouts(server, monkeypatch):
     )
     backend = OpenAIBackend(config)
     Scripted.script = ["429", "500", "ok"]
-    assert backend.generate([[{"role": "user", "content": "a"}]], Sampling()) == ["stars: 4\nreview: a"]
+    assert texts(backend.generate([[{"role": "user", "content": "a"}]], Sampling())) == [
+        "stars: 4\nreview: a"
+    ]
     assert len(Scripted.seen) == 3 and Scripted.seen[0] == "Bearer sk-test-secret"
     Scripted.script = ["slow", "ok"]  # the first answer comes after the 0.5 s timeout: retried
     conversations = [[{"role": "user", "content": str(i)}] for i in range(3)]
-    assert backend.generate(conversations, Sampling()) == [f"stars: 4\nreview: {i}" for i in range(3)]
+    assert texts(backend.generate(conversations, Sampling())) == [f"stars: 4\nreview: {i}" for i in range(3)]
     assert "sk-test-secret" not in json.dumps(backend.info)
     Scripted.script = ["long"]  # an answer that stopped at max_tokens is flagged
-    backend.generate([[{"role": "user", "content": "x"}]], Sampling())
-    assert backend.cut_short == [True]
-    backend.generate([[{"role": "user", "content": "x"}]], Sampling())
-    assert backend.cut_short == [False]
+    assert [a.cut_short for a in backend.generate([[{"role": "user", "content": "x"}]], Sampling())] == [True]
+    assert [a.cut_short for a in backend.generate([[{"role": "user", "content": "x"}]], Sampling())] == [
+        False
+    ]
 
 
 def test_openai_backend_asks_for_a_json_schema_and_falls_back_where_the_server_has_none(server, monkeypatch):
@@ -136,12 +149,11 @@ def test_openai_backend_asks_for_a_json_schema_and_falls_back_where_the_server_h
     )
     backend = OpenAIBackend(config)
     answer = Constraint.answer(50)
-    assert backend.generate([[{"role": "user", "content": "tacos"}]], Sampling(), constraint=answer) == [
-        "stars: 4\nreview: tacos"  # the JSON answer written back in the renderer's format
-    ]
+    (tacos,) = backend.generate([[{"role": "user", "content": "tacos"}]], Sampling(), constraint=answer)
+    assert tacos.text == "stars: 4\nreview: tacos"  # the JSON answer written back in the renderer's format
     schema = Scripted.bodies[-1]["response_format"]["json_schema"]["schema"]
     assert schema["properties"]["stars"] == {"type": "integer", "minimum": 1, "maximum": 5}
-    assert schema["properties"]["review"]["maxLength"] == 50 and backend.unconstrained == [False]
+    assert schema["properties"]["review"]["maxLength"] == 50 and tacos.constrained
     from openai import BadRequestError
 
     Scripted.script = ["400"]  # another 400 (say, a prompt too long): this task's error, no fallback
@@ -150,12 +162,40 @@ def test_openai_backend_asks_for_a_json_schema_and_falls_back_where_the_server_h
     assert backend.structured
     Scripted.structured = False  # a server without structured outputs: asked again without, then never
     conversations = [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]]
-    assert backend.generate(conversations, Sampling(), constraint=answer) == [
-        "stars: 4\nreview: a",
-        "stars: 4\nreview: b",
-    ]
-    assert not backend.structured and backend.unconstrained == [True, True]  # counted by the agent
+    loose = backend.generate(conversations, Sampling(), constraint=answer)
+    assert texts(loose) == ["stars: 4\nreview: a", "stars: 4\nreview: b"]
+    assert not backend.structured and [a.constrained for a in loose] == [False, False]  # counted by the agent
     assert "response_format" not in Scripted.bodies[-1]
+
+
+def test_openai_option_probs_reads_top_logprobs_and_samples_where_the_server_gives_none(server, monkeypatch):
+    """A rating from the first answer token's top_logprobs ("4" and " 4" add up; an option outside them
+    has probability 0); a server without log-probabilities gets sampled answers, labelled."""
+    from agents.llm import option_probs
+
+    monkeypatch.setenv("TEST_LLM_KEY", "k")
+    config = LLMConfig(
+        backend="openai", model="m", base_url=server, api_key_env="TEST_LLM_KEY", max_retries=0
+    )
+    backend = OpenAIBackend(config)
+    (answer,) = option_probs(backend, [[{"role": "user", "content": "rate"}]], ["1", "2", "3", "4", "5"])
+    body = Scripted.bodies[-1]
+    assert body["logprobs"] is True and body["top_logprobs"] == 20 and body["max_tokens"] == 1
+    assert body["temperature"] == 0.0
+    four, three = math.exp(-0.4) + math.exp(-2.0), math.exp(-1.5)
+    assert answer.probs_from == "top_logprobs" and answer.text == "4"
+    assert answer.probs == pytest.approx(
+        {"1": 0, "2": 0, "3": three / (four + three), "4": four / (four + three), "5": 0}
+    )
+    assert answer.expected == pytest.approx((3 * three + 4 * four) / (four + three))
+    Scripted.logprobs = False  # a server without log-probabilities: each prompt sampled, labelled
+    Scripted.bodies = []
+    (sampled,) = option_probs(
+        backend, [[{"role": "user", "content": "3"}]], ["1", "2", "3", "4", "5"], samples=3
+    )
+    assert sampled.probs_from == "samples" and not backend.logprobs
+    assert len([b for b in Scripted.bodies if "logprobs" not in b]) == 3  # three sampled answers
+    assert all(b["temperature"] == 1.0 for b in Scripted.bodies if "logprobs" not in b)
 
 
 def test_a_remote_model_gets_prompts_fitted_with_its_own_tokenizer(
@@ -189,9 +229,10 @@ def test_several_api_keys_take_the_requests_in_turn_and_usage_is_reported(server
     config = LLMConfig(backend="openai", model="m", base_url=server, api_key_env="TEST_KEY_A, TEST_KEY_B")
     backend = OpenAIBackend(config)
     conversations = [[{"role": "user", "content": str(i)}] for i in range(6)]
-    assert backend.generate(conversations, Sampling()) == [f"stars: 4\nreview: {i}" for i in range(6)]
+    answers = backend.generate(conversations, Sampling())
+    assert texts(answers) == [f"stars: 4\nreview: {i}" for i in range(6)]
     assert sorted(Scripted.seen) == ["Bearer sk-a"] * 3 + ["Bearer sk-b"] * 3
-    assert backend.usage == [(7, 3)] * 6 and backend.info["keys"] == 2
+    assert [(a.prompt_tokens, a.answer_tokens) for a in answers] == [(7, 3)] * 6 and backend.info["keys"] == 2
     # one seed per request (seed + index), so several samples of one prompt are not the same sample
     assert sorted((b["messages"][0]["content"], b["seed"]) for b in Scripted.bodies) == [
         (str(i), i) for i in range(6)
@@ -221,8 +262,7 @@ class FakeLLM:
 
     def generate(self, conversations, sampling, constraint=None):
         self.calls.append(conversations)
-        self.cut_short = [False] * len(conversations)  # as every backend reports
-        return self.first if len(self.calls) == 1 else self.retry[: len(conversations)]
+        return [Answer(t) for t in (self.first if len(self.calls) == 1 else self.retry[: len(conversations)])]
 
 
 def test_context_never_shows_a_target_or_a_later_review(yelp_store, yelp_tasks):
@@ -280,8 +320,8 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
 def test_answers_cut_at_max_new_tokens_are_flagged_and_counted(yelp_store, yelp_tasks, monkeypatch):
     class Cut(ConstantLLM):
         def generate(self, conversations, sampling, constraint=None):
-            self.cut_short = [True, False][: len(conversations)]
-            return ["stars: 4\nreview: It was good but the", "stars: 2\nreview: Bad."][: len(conversations)]
+            texts = ["stars: 4\nreview: It was good but the", "stars: 2\nreview: Bad."][: len(conversations)]
+            return [Answer(t, cut) for t, cut in zip(texts, [True, False], strict=False)]
 
     monkeypatch.setattr(agent_module, "load_llm", lambda config: Cut())
     agent = ReviewAgent(
@@ -300,8 +340,7 @@ class ConstantLLM:
 
     def generate(self, conversations, sampling, constraint=None):
         self.calls.append(conversations)
-        self.cut_short = [False] * len(conversations)
-        return ["stars: 5\nreview: Fine." for _ in conversations]
+        return [Answer("stars: 5\nreview: Fine.") for _ in conversations]
 
 
 def test_tuned_agent_asks_for_validation_stars_only_on_reviews_its_adapter_did_not_train_on(
@@ -367,14 +406,14 @@ class ScriptedLLM:
         self.calls += 1
         if self.calls == self.kill_at_call:
             raise KeyboardInterrupt  # as if the job were killed mid-batch
-        out, self.cut_short = [], []
+        out = []
         for conversation in conversations:
             h = int(hashlib.sha256(json.dumps(conversation).encode()).hexdigest(), 16)
             if conversation[-1]["content"] == agent_module.STRICT:
-                out.append(f"stars: {1 + h % 5}\nreview: retried {h % 997}")
+                text = f"stars: {1 + h % 5}\nreview: retried {h % 997}"
             else:
-                out.append("no format" if h % 3 == 0 else f"stars: {1 + h % 5}\nreview: echo {h % 1009}")
-            self.cut_short.append(h % 4 == 0)
+                text = "no format" if h % 3 == 0 else f"stars: {1 + h % 5}\nreview: echo {h % 1009}"
+            out.append(Answer(text, cut_short=h % 4 == 0))
         return out
 
 
@@ -641,11 +680,12 @@ def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model, monkeypa
     sampling = Sampling(max_new_tokens=8)
     together = batched.generate(conversations, sampling)
     assert together == single.generate(conversations, sampling)  # left padding changes nothing
-    assert all(together) and len(together) == 3
+    assert all(texts(together)) and len(together) == 3
     # a random model does not end its answer within 8 tokens: every answer is flagged as cut short
-    assert batched.cut_short == single.cut_short == [True, True, True]
+    assert [a.cut_short for a in together] == [True, True, True]
     prompt_tokens = [len(single.encode([c])["input_ids"][0]) for c in conversations]
-    assert batched.usage == single.usage == [(n, 8) for n in prompt_tokens]  # padding is not counted
+    # padding is not counted
+    assert [(a.prompt_tokens, a.answer_tokens) for a in together] == [(n, 8) for n in prompt_tokens]
     assert prompt_tokens[1] > prompt_tokens[0]
     real = batched.model.generate
 
@@ -655,8 +695,9 @@ def test_hf_backend_batched_generation_equals_one_at_a_time(tiny_model, monkeypa
         return out
 
     monkeypatch.setattr(batched.model, "generate", first_row_ends)
-    assert batched.generate(conversations, sampling)[0] == "" and batched.cut_short == [False, True, True]
-    assert [used for _, used in batched.usage] == [1, 8, 8]  # the end token counts, the padding not
+    ended = batched.generate(conversations, sampling)
+    assert ended[0].text == "" and [a.cut_short for a in ended] == [False, True, True]
+    assert [a.answer_tokens for a in ended] == [1, 8, 8]  # the end token counts, the padding not
 
 
 def test_the_answer_cache_gives_a_second_run_the_first_runs_greedy_answers(tiny_model, tmp_path):
@@ -680,36 +721,39 @@ def test_the_answer_cache_gives_a_second_run_the_first_runs_greedy_answers(tiny_
     conversations = [[{"role": "user", "content": t}] for t in ("hi", "a question about tacos", "ok?")]
     greedy = Sampling(max_new_tokens=8)
     first = backend()
-    texts = first.generate(conversations, greedy)
-    assert first.cached == [False] * 3 and first.rows == [3] and all(texts)
+    made = first.generate(conversations, greedy)
+    said = texts(made)
+    assert [a.cached for a in made] == [False] * 3 and first.rows == [3] and all(said)
     second = backend()  # another run: a new backend on the same file
-    assert second.generate(conversations, greedy) == texts and second.rows == []
-    assert second.cached == [True] * 3
-    assert (second.cut_short, second.usage) == (first.cut_short, first.usage)
+    kept = second.generate(conversations, greedy)
+    assert texts(kept) == said and second.rows == [] and [a.cached for a in kept] == [True] * 3
+    assert [replace(a, cached=False) for a in kept] == made  # cut flags and usage kept too
     more = [*conversations[:2], [{"role": "user", "content": "something new"}], conversations[2]]
-    assert second.generate(more, greedy)[:2] == texts[:2] and second.rows == [1]  # only the new one
-    assert second.cached == [True, True, False, True]
+    mixed = second.generate(more, greedy)
+    assert texts(mixed)[:2] == said[:2] and second.rows == [1]  # only the new one
+    assert [a.cached for a in mixed] == [True, True, False, True]
     second.generate(conversations, Sampling(max_new_tokens=9))  # another setting: asked again
     second.generate(conversations, Sampling(max_new_tokens=8, temperature=0.8))  # sampled: never kept
-    second.generate(conversations, Sampling(max_new_tokens=8, temperature=0.8))
-    assert second.rows == [1, 3, 3, 3] and second.cached == [False] * 3
+    sampled = second.generate(conversations, Sampling(max_new_tokens=8, temperature=0.8))
+    assert second.rows == [1, 3, 3, 3] and [a.cached for a in sampled] == [False] * 3
     with second.adapter_off():  # the base model alone is another model (a no-op here: no adapter)
         second.generate(conversations, greedy)
     assert second.rows[-1] == 3 and (second.hits, second.misses) == (6, 7)
     answer = Constraint.answer(12)  # a constrained answer is another answer
-    assert second.generate(conversations, greedy, constraint=answer) != texts and second.rows[-1] == 3
+    assert texts(second.generate(conversations, greedy, constraint=answer)) != said and second.rows[-1] == 3
     twice = [conversations[0], [{"role": "user", "content": "twice"}], [{"role": "user", "content": "twice"}]]
-    assert second.generate(twice, greedy)[1:] == second.generate(twice, greedy)[1:]
-    assert second.rows[-1] == 1 and second.cached == [True] * 3  # asked once, then kept
-    assert second.generate([], greedy) == [] and second.cached == []
+    assert texts(second.generate(twice, greedy))[1:] == texts(second.generate(twice, greedy))[1:]
+    again = second.generate(twice, greedy)
+    assert second.rows[-1] == 1 and [a.cached for a in again] == [True] * 3  # asked once, then kept
+    assert second.generate([], greedy) == []
     # another seed or top_p changes no greedy answer: the same key
-    assert second.generate(conversations, Sampling(max_new_tokens=8, seed=5, top_p=0.5)) == texts
-    assert second.cached == [True] * 3
+    other = second.generate(conversations, Sampling(max_new_tokens=8, seed=5, top_p=0.5))
+    assert texts(other) == said and [a.cached for a in other] == [True] * 3
     with ThreadPoolExecutor(2) as pool:  # from other threads (the sandbox's web page, plug-in agents)
-        assert list(pool.map(lambda c: second.generate([c], greedy)[0], conversations)) == texts
+        assert list(pool.map(lambda c: second.generate([c], greedy)[0].text, conversations)) == said
     (model / "config.json").write_text((model / "config.json").read_text())  # the model files changed
     third = backend()
-    assert third.generate(conversations, greedy) == texts and third.rows == [3]
+    assert texts(third.generate(conversations, greedy)) == said and third.rows == [3]
 
 
 def test_the_answer_cache_keeps_a_backends_missing_parts_missing(monkeypatch, tmp_path):
@@ -717,7 +761,7 @@ def test_the_answer_cache_keeps_a_backends_missing_parts_missing(monkeypatch, tm
     (the sandbox) take the same path; the key holds no API key; cached answers cost no tokens."""
     from collections import Counter
 
-    from agents.llm import count_tokens
+    from agents.llm import count_usage
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-secret")
     llm = load_llm(LLMConfig(backend="openai", model="served", base_url="http://127.0.0.1:9/v1",
@@ -726,17 +770,12 @@ def test_the_answer_cache_keeps_a_backends_missing_parts_missing(monkeypatch, tm
     assert "sk-test-secret" not in json.dumps(llm.identity)
 
     def served(conversations, sampling, constraint=None):
-        llm.backend.cut_short, llm.backend.usage = (
-            [False] * len(conversations),
-            [(10, 3)] * len(conversations),
-        )
-        return ["stars: 4\nreview: ok"] * len(conversations)
+        return [Answer("stars: 4\nreview: ok", False, 10, 3)] * len(conversations)
 
     monkeypatch.setattr(llm.backend, "generate", served)
     counts = Counter()
     for _ in range(2):
-        llm.generate([[{"role": "user", "content": "hi"}]], Sampling(max_new_tokens=8))
-        count_tokens(llm, counts)
+        count_usage(llm.generate([[{"role": "user", "content": "hi"}]], Sampling(max_new_tokens=8)), counts)
     assert counts == Counter(prompt_tokens=10, answer_tokens=3, cached_answers=1)
 
 
@@ -778,25 +817,27 @@ def test_hf_backend_constrained_answers_follow_the_format_even_from_a_random_mod
     sampling = Sampling(max_new_tokens=60)
     answer = Constraint.answer(12)
     free = batched.generate(conversations, sampling)
-    assert not any(re.fullmatch(r"stars: [1-5]\nreview: [^\n]{1,12}", a) for a in free)
+    assert not any(re.fullmatch(r"stars: [1-5]\nreview: [^\n]{1,12}", a.text) for a in free)
+    assert not any(a.constrained for a in free)
     together = batched.generate(conversations, sampling, constraint=answer)
     assert together == single.generate(conversations, sampling, constraint=answer)
-    assert all(re.fullmatch(r"stars: [1-5]\nreview: [^\n]{1,12}", a) for a in together), together
-    assert batched.cut_short == [False, False, False]  # closed by the grammar, not cut by the cap
+    assert all(re.fullmatch(r"stars: [1-5]\nreview: [^\n]{1,12}", a) for a in texts(together)), together
+    # closed by the grammar, not cut by the cap
+    assert [(a.cut_short, a.constrained) for a in together] == [(False, True)] * 3
     picked = batched.generate(
         conversations, sampling, constraint=Constraint.choice(["watch", "skip", "chat"])
     )
-    assert set(picked) <= {"watch", "skip", "chat"} and batched.cut_short == [False] * 3
+    assert set(texts(picked)) <= {"watch", "skip", "chat"} and not any(a.cut_short for a in picked)
     schema = {
         "type": "object",
         "properties": {"act": {"type": "string", "enum": ["post", "idle"]}, "n": {"type": "integer"}},
         "required": ["act", "n"],
         "additionalProperties": False,
     }
-    for text in batched.generate(
+    for answer in batched.generate(
         conversations, Sampling(max_new_tokens=40), constraint=Constraint.json(schema)
     ):
-        value = json.loads(text)
+        value = json.loads(answer.text)
         assert value["act"] in ("post", "idle") and isinstance(value["n"], int)
 
 
@@ -890,13 +931,12 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
     out = backend.generate(
         [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b..."}]], Sampling(7, 0.0, seed=3)
     )
-    assert out == ["a", "b..."] and backend.cut_short == [False, True]
-    assert backend.usage == [(11, 1), (14, 4)]  # prompt and answer tokens per answer
+    assert out == [Answer("a", False, 11, 1), Answer("b...", True, 14, 4)]  # tokens per answer
     assert seen["engine"]["enable_lora"] and seen["engine"]["max_lora_rank"] == 16
     assert seen["lora"] == ("adapter", 1, str(adapter))
     assert seen["params"] == [  # one seed per request: identical prompts would sample independently
-        {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 3},
-        {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "seed": 4},
+        {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "seed": 3},
+        {"max_tokens": 7, "temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "seed": 4},
     ]
     conversation = [[{"role": "user", "content": "a"}]]
     backend.generate(conversation, Sampling(), constraint=Constraint.answer(30))
@@ -906,8 +946,13 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
     )
     backend.generate(conversation, Sampling(), constraint=Constraint.choice(["a", "b"]))
     assert seen["params"][0]["structured_outputs"] == ("structured", {"choice": ["a", "b"]})
-    backend.generate(conversation, Sampling(), constraint=Constraint.json({"type": "object"}))
-    assert seen["params"][0]["structured_outputs"] == ("structured", {"json": {"type": "object"}})
+    schema = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}
+    backend.generate(conversation, Sampling(), constraint=Constraint.json(schema))
+    assert seen["params"][0]["structured_outputs"] == ("structured", {"json": schema})
+    asked = seen["params"][0]["structured_outputs"][1]["json"]
+    assert list(asked["properties"]) == ["b", "a"]  # in the order written, not sorted
+    with pytest.raises(ValueError, match="no_repeat_ngram_size"):  # refused, never silently dropped
+        backend.generate(conversation, Sampling(no_repeat_ngram_size=3))
     with pytest.raises(ValueError, match="above vLLM"):
         vllm_lora_rank(1024)
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from agents.llm import Answer
 from data_prep.movielens import Movie, MovieLens, Rating
 from eval import alignment as al
 
@@ -63,7 +64,7 @@ class Rater:
 
     def generate(self, conversations, sampling, constraint=None):
         self.asked.append((conversations, constraint))
-        return self.answers[: len(conversations)]
+        return [Answer(a) for a in self.answers[: len(conversations)]]
 
 
 def test_the_bare_llm_answers_a_choice_and_unusable_answers_fall_back_counted():

@@ -10,6 +10,7 @@ import pytest
 from converse_fakes import Scripted
 from sandbox_fakes import Recording, embed
 
+from agents.llm import Answer
 from agents.review import official, simulate
 from data_prep.paths import REPO_ROOT
 from data_prep.store import ReviewStore
@@ -28,8 +29,7 @@ def test_the_examples_import_nothing_from_this_project():
 
 class Written:
     def generate(self, conversations, sampling, constraint=None):
-        self.cut_short = [False] * len(conversations)
-        return ["Good value, I would come back." for _ in conversations]
+        return [Answer("Good value, I would come back.") for _ in conversations]
 
 
 def test_the_agentsociety_example_runs_with_the_users_older_stars(

@@ -17,6 +17,7 @@ from agents.converse.config import ConfigError, load_config
 from agents.converse.crs import AgentCRS, BaseCRS, Session, load_restaurants
 from agents.converse.run import run
 from agents.converse.simulator import User, UserSimulator, words_per_message
+from agents.llm import Answer
 from data_prep import recllmsim
 
 
@@ -722,11 +723,13 @@ def test_a_stopped_questionnaire_replay_resumes_without_redoing_and_refuses_othe
                 if self.batches == self.die_at:
                     raise KeyboardInterrupt  # as if the job were stopped mid-batch
                 return [
-                    json.dumps(
-                        {
-                            n: list(o)[len(c[-1]["content"]) % len(o)]
-                            for n, (_, o) in QUESTIONNAIRE_ITEMS.items()
-                        }
+                    Answer(
+                        json.dumps(
+                            {
+                                n: list(o)[len(c[-1]["content"]) % len(o)]
+                                for n, (_, o) in QUESTIONNAIRE_ITEMS.items()
+                            }
+                        )
                     )
                     for c in conversations
                 ]

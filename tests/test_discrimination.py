@@ -7,6 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from agents.llm import Answer
 from data_prep.movielens import Movie, MovieLens, Rating
 from eval import discrimination as d
 
@@ -55,7 +56,7 @@ class Answers:
 
     def generate(self, conversations, sampling, constraint=None):
         assert json.loads(constraint.schema)["properties"]["items"]["minItems"] == 1
-        return self.answers[: len(conversations)]
+        return [Answer(a) for a in self.answers[: len(conversations)]]
 
 
 def test_the_bare_llm_picks_through_structured_numbers_and_unusable_answers_are_counted():

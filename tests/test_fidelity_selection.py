@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from agents.llm import LLMConfig
+from agents.llm import Answer, LLMConfig
 from agents.retrieval import hashed_bag_of_words
 from agents.review import agent as agent_module
 from agents.review.agent import AgentConfig, ReviewAgent
@@ -104,9 +104,8 @@ class SamplingLLM:
     def generate(self, conversations, sampling, constraint=None):
         self.calls.append(sampling.temperature)
         self.rows.append(len(conversations))
-        self.cut_short = [False] * len(conversations)
         kind = "greedy" if sampling.temperature == 0 else "sampled"
-        return [f"stars: 4\nreview: {kind} text number {i}" for i in range(len(conversations))]
+        return [Answer(f"stars: 4\nreview: {kind} text number {i}") for i in range(len(conversations))]
 
 
 @pytest.mark.parametrize("pool", ["generated", "retrieved", "both", "retrieved-vs-all", "answer"])

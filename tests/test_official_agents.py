@@ -8,6 +8,7 @@ import threading
 import pytest
 import websocietysimulator.agent
 
+from agents.llm import Answer
 from agents.review import official, simulate
 from agents.review.official import Batcher
 from data_prep.tasks import read_targets, read_tasks
@@ -75,8 +76,7 @@ class EchoLLM:
         out = []
         for conversation in conversations:
             _, _, n, latest = conversation[-1]["content"].split(" ", 3)
-            out.append(f"{1 + int(n) % 5}|seen {n} up to {latest}\nEND and text the stop cuts off")
-        self.cut_short = [False] * len(conversations)
+            out.append(Answer(f"{1 + int(n) % 5}|seen {n} up to {latest}\nEND and text the stop cuts off"))
         return out
 
 
@@ -192,7 +192,7 @@ def test_the_batcher_answers_every_caller_with_its_own_answers_and_passes_on_err
             self.batches.append(len(conversations))
             if any(c[0]["content"] == "boom" for c in conversations):
                 raise RuntimeError("backend down")
-            return [c[0]["content"].upper() for c in conversations]
+            return [Answer(c[0]["content"].upper()) for c in conversations]
 
     from agents.llm import Sampling
 
@@ -202,7 +202,7 @@ def test_the_batcher_answers_every_caller_with_its_own_answers_and_passes_on_err
 
     def call(text, n):
         try:
-            answers[text] = batcher.ask([{"role": "user", "content": text}], Sampling(8), n)
+            answers[text] = [a.text for a in batcher.ask([{"role": "user", "content": text}], Sampling(8), n)]
         except RuntimeError as error:
             errors.append(str(error))
         finally:

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from agents.llm import Answer
 from agents.sandbox.config import MemoryConfig
 from agents.sandbox.memory import (
     LLMMemoryModel,
@@ -34,7 +35,7 @@ class ScriptedBackend:
 
     def generate(self, conversations, sampling, constraint=None):
         self.calls.append((conversations, constraint))
-        return [self.answers.pop(0) for _ in conversations]
+        return [Answer(self.answers.pop(0)) for _ in conversations]
 
 
 def compressed(summary, importance):

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from agents.llm import Answer
 from agents.sandbox.config import FeatureConfig
 from agents.sandbox.profiles import (
     Profile,
@@ -174,7 +175,7 @@ class ProfileWriter:
 
     def generate(self, conversations, sampling, constraint=None):
         self.asked.append((conversations, constraint))
-        return self.answers[: len(conversations)]
+        return [Answer(a) for a in self.answers[: len(conversations)]]
 
 
 def person(name, age=30, features=("Critic", "Critic")):

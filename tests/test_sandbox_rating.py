@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sandbox_fakes import embed
 
-from agents.llm import Constraint
+from agents.llm import Answer, Constraint
 from agents.sandbox.agent import agents_at
 from agents.sandbox.config import load_config
 from agents.sandbox.decide import Decider
@@ -38,7 +38,7 @@ class Stars:
         for conversation in conversations:
             user = int(re.match(r"You are User (\d+)", conversation[0]["content"]).group(1))
             text = conversation[-1]["content"].split("You just watched ")[1].split("\n")[0].removesuffix(".")
-            out.append(self.rule(user, self.texts[text]))
+            out.append(Answer(self.rule(user, self.texts[text]), constrained=True))
         return out
 
 

@@ -128,7 +128,7 @@ class CRS:
         answers = self.backend.generate(
             [[{"role": "user", "content": p}] for p in prompts], self.sampling, constraint
         )
-        return [constraint.parse(answer) for answer in answers]
+        return [constraint.parse(answer.text) for answer in answers]
 
 
 REPLY = Constraint.json_object(
@@ -223,7 +223,7 @@ class AgentCRS(CRS):
             self.sampling,
             Constraint.choice(PLANS),
         )
-        plans = [p.strip() if p.strip() in PLANS else "ask" for p in plans]
+        plans = [p.text.strip() if p.text.strip() in PLANS else "ask" for p in plans]
         if any(p == "answer" for p in plans):  # nothing recommended yet: nothing to answer about
             plans = [
                 p if p != "answer" or s.recommended else "recommend"
@@ -298,7 +298,7 @@ class Assistant(CRS):
                 [{"role": "system", "content": "You are a helpful assistant."}]
                 + [{"role": r, "content": t} for r, t in session.dialogue[-6:]]
             )
-        answers = self.backend.generate(conversations, self.sampling)
+        answers = [a.text for a in self.backend.generate(conversations, self.sampling)]
         replies = []
         for session, answer in zip(sessions, answers, strict=True):
             reply = Reply(answer.strip() or FALLBACK, None, fallback=not answer.strip())

@@ -264,7 +264,7 @@ def resolve_conflicts(personas: list[Persona], backend, rng, rounds: int = 3) ->
         for constraint in dict.fromkeys(constraints):  # one batch per distinct answer schema
             index = [k for k, c in enumerate(constraints) if c == constraint]
             got = backend.generate([conversations[k] for k in index], sampling, constraint)
-            answers += [(k, constraint, a) for k, a in zip(index, got, strict=True)]
+            answers += [(k, constraint, a.text) for k, a in zip(index, got, strict=True)]
         counts["asked"] += len(open_)
         still = []
         for k, constraint, answer in sorted(answers, key=lambda x: x[0]):

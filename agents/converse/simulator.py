@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.converse import goals
-from agents.llm import Constraint, Sampling, count_tokens
+from agents.llm import Constraint, Sampling, count_usage
 from data_prep.prompt import (  # noqa: F401 (the vocabulary, importable from here too)
     ACTION_INTENT,
     ACTION_TEXT,
@@ -122,9 +122,9 @@ class UserSimulator:
             [[{"role": "user", "content": p}] for p in prompts], sampling, constraint
         )
         # answers stopped by the token cap (their JSON is then incomplete: a fallback, counted as such too)
-        self.counts[f"cut_short:{kind}"] += sum(getattr(self.backend, "cut_short", None) or [])
-        count_tokens(self.backend, self.counts)
-        return answers
+        self.counts[f"cut_short:{kind}"] += sum(a.cut_short for a in answers)
+        count_usage(answers, self.counts)
+        return [a.text for a in answers]
 
     def transcript(self, dialogue: list[tuple[str, str]]) -> str:
         """data_prep.prompt.converse_transcript with this run's settings; cuts counted (turns_cut,

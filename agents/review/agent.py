@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from agents.llm import Constraint, LLMConfig, Sampling, load_llm
+from agents.llm import Answer as LLMAnswer
+from agents.llm import Constraint, LLMConfig, Sampling, load_llm, option_probs
 from agents.retrieval import Retriever
 from agents.review.select import (
     CHOICES,
@@ -82,6 +83,8 @@ COUNTS = (
     "cut_short",
     "unconstrained",
 )
+STAR_DIGITS = ["1", "2", "3", "4", "5"]
+STARS_PREFIX = "stars: "  # how the renderer's answer format begins (data_prep.prompt.format_completion)
 STRICT = (
     "Your answer was not in the required format. Answer again with exactly two lines and nothing else:\n"
     "stars: <a whole number from 1 to 5>\nreview: <the review text>"
@@ -119,6 +122,15 @@ class AgentConfig:
     batch_size: int = 8
     item_candidates: int = field(
         default=100, metadata={"help": "retrieval ranks the item's most recent N older reviews"}
+    )
+    llm_stars: str = field(
+        default="greedy",
+        metadata={
+            "help": "how the LLM's stars are read: greedy (the digit its answer writes) or expected (the "
+            "expected value over the five digits after 'stars: ', one forward pass, calibrated by an "
+            "isotonic fit on the validation reviews of blend_fraction older than each task; needs "
+            "blend_fraction > 0)"
+        },
     )
     blend_fraction: float = field(
         default=0.0,
@@ -191,8 +203,8 @@ class Prediction:
 
 
 @dataclass
-class Answer:
-    """The LLM's answer for one task, after at most one stricter retry."""
+class TaskAnswer:
+    """The LLM's answer for one task, parsed, after at most one stricter retry."""
 
     stars: float | None
     review: str | None
@@ -237,6 +249,13 @@ class ReviewAgent:
             raise ValueError(f"selection is answer or mbr, pool one of {CHOICES}")
         if config.selection_rule and config.selection != "mbr":
             raise ValueError("selection_rule is for selection: mbr")
+        if config.llm_stars not in ("greedy", "expected"):
+            raise ValueError(f"llm_stars is greedy or expected, not {config.llm_stars!r}")
+        if config.llm_stars == "expected" and config.kind not in ("stats",) and config.blend_fraction <= 0:
+            raise ValueError(
+                "llm_stars: expected calibrates the LLM's expected stars on validation reviews: set "
+                "blend_fraction > 0 (the share of validation reviews asked), or read them greedy"
+            )
         self.selection_rule = read_rule(config.selection_rule) if config.selection_rule else None
         chosen = {g["pool"] for g in self.selection_rule["groups"].values()} if self.selection_rule else set()
         if SIMILAR in {config.pool, *chosen} and config.candidates_user < 1:
@@ -256,8 +275,10 @@ class ReviewAgent:
         self.llm = load_llm(llm_config) if config.kind != "stats" else None
         self.tokenizer = getattr(self.llm, "tokenizer", None)
         self.stars = StarModel(store.visible_ratings())
-        if config.kind == "tuned" and config.blend_fraction > 0:
-            self.stars.set_llm_validation(self.llm_validation_stars(llm_config.adapter))
+        expected = config.llm_stars == "expected" and self.llm is not None
+        if self.llm is not None and (expected or (config.kind == "tuned" and config.blend_fraction > 0)):
+            answers = self.llm_validation_stars(llm_config.adapter)
+            self.stars.set_llm_validation(answers, calibrate=expected)
         if config.selection == "mbr":
             from agents.encoders import VaderSentiment
 
@@ -288,7 +309,14 @@ class ReviewAgent:
         answered, cached = {}, 0
         for start in tqdm(range(0, len(tasks), self.config.batch_size), desc="LLM stars for the blend"):
             batch = tasks[start : start + self.config.batch_size]
-            answers = self.ask(self.contexts(batch))
+            contexts = self.contexts(batch)
+            if self.config.llm_stars == "expected":  # no answer written: the stars' probabilities only
+                values = self.expected_stars(contexts)
+                answered.update(
+                    (t["task_id"], v) for t, v in zip(batch, values, strict=True) if v is not None
+                )
+                continue
+            answers = self.ask(contexts)
             cached += sum(a.counts["cached_answers"] for a in answers)
             answered.update(
                 (t["task_id"], a.stars)
@@ -390,7 +418,14 @@ class ReviewAgent:
                 self.select(tasks, contexts, out)
             return out
         answers = self.ask(contexts)
-        llm_stars = [a.stars if a.stars is not None and 1 <= a.stars <= 5 else None for a in answers]
+        if self.config.llm_stars == "expected":
+            raw = self.expected_stars(contexts)
+            llm_stars = self.stars.calibrated(raw, moments)
+            for answer, value, mapped in zip(answers, raw, llm_stars, strict=True):
+                answer.counts["expected_stars"] += value is not None
+                answer.counts["expected_stars_not_calibrated"] += value is not None and mapped is None
+        else:
+            llm_stars = [a.stars if a.stars is not None and 1 <= a.stars <= 5 else None for a in answers]
         if self.config.kind == "tuned":  # calibrated stars, blended with the LLM's where validation says so
             stars, names = self.stars.predict(users, items, moments, llm_stars=llm_stars)
         else:  # the LLM's own stars; calibrated ones only where the LLM gave none in range
@@ -437,9 +472,9 @@ class ReviewAgent:
         sampling = Sampling(tokens, self.config.sample_temperature, seed=self.config.seed + 1)
         constraint = Constraint.answer(self.config.max_review_chars) if self.config.constrained else None
         conversations = [self.messages(c) for c in contexts for _ in range(n)]
-        texts = self.llm.generate(conversations, sampling, constraint=constraint)
-        reviews = [parse_completion(t)[1] for t in texts]
-        cut = [sum(self.llm.cut_short[i * n : (i + 1) * n]) for i in range(len(contexts))]
+        answers = self.llm.generate(conversations, sampling, constraint=constraint)
+        reviews = [parse_completion(a.text)[1] for a in answers]
+        cut = [sum(a.cut_short for a in answers[i * n : (i + 1) * n]) for i in range(len(contexts))]
         kept = [
             [r.strip() for r in reviews[i * n : (i + 1) * n] if r and r.strip()] for i in range(len(contexts))
         ]
@@ -526,24 +561,32 @@ class ReviewAgent:
                 p.chosen = 0
             p.review = pool[p.chosen][0]
 
-    def ask(self, contexts: list[dict]) -> list[Answer]:
+    def expected_stars(self, contexts: list[dict]) -> list[float | None]:
+        """The LLM's expected stars for each context: the probability of each digit after the answer's
+        beginning "stars: " (the renderer's format), one forward pass per prompt (agents.llm.option_probs)."""
+        conversations = [self.messages(c) for c in contexts]
+        read = option_probs(self.llm, conversations, STAR_DIGITS, seed=self.config.seed, prefix=STARS_PREFIX)
+        return [a.expected for a in read]
+
+    def ask(self, contexts: list[dict]) -> list[TaskAnswer]:
         """The LLM's answer for each context; an unusable one is asked once more, stricter. Each answer
         carries its own counts (answers, parse failures, retries, retry successes)."""
         sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
         constraint = Constraint.answer(self.config.max_review_chars) if self.config.constrained else None
         conversations = [self.messages(c) for c in contexts]
-        texts = self.llm.generate(conversations, sampling, constraint=constraint)
-        unconstrained = getattr(self.llm, "unconstrained", None) or [False] * len(texts)
-        cached = getattr(self.llm, "cached", None) or [False] * len(texts)  # answer_cache
+        replies: list[LLMAnswer] = self.llm.generate(conversations, sampling, constraint=constraint)
         answers = []
-        for text, cut, free, kept in zip(texts, self.llm.cut_short, unconstrained, cached, strict=True):
-            stars, review = parse_completion(text)
-            counts = Counter(llm_answers=1, unconstrained=int(free and constraint is not None))
-            if kept:  # a key only where it happened, as with the other counts
+        for reply in replies:
+            stars, review = parse_completion(reply.text)
+            counts = Counter(
+                llm_answers=1, unconstrained=int(constraint is not None and not reply.constrained)
+            )
+            if reply.cached:  # a key only where it happened, as with the other counts (answer_cache)
                 counts["cached_answers"] += 1
             ok = usable(stars, review)
             counts["parse_failures"] += not ok
-            answers.append(Answer(stars, review, text, "llm", [] if ok else [text], cut, counts))
+            unusable = [] if ok else [reply.text]
+            answers.append(TaskAnswer(stars, review, reply.text, "llm", unusable, reply.cut_short, counts))
         bad = [i for i, a in enumerate(answers) if not usable(a.stars, a.review)]
         if bad:  # one retry, stricter
             retry = [
@@ -552,22 +595,21 @@ class ReviewAgent:
                 for i in bad
             ]
             again = self.llm.generate(retry, sampling, constraint=constraint)
-            cached = getattr(self.llm, "cached", None) or [False] * len(again)
-            for i, text, cut, kept in zip(bad, again, self.llm.cut_short, cached, strict=True):
+            for i, reply in zip(bad, again, strict=True):
                 answer = answers[i]
                 answer.counts["retries"] += 1
-                if kept:
+                if reply.cached:
                     answer.counts["cached_retries"] += 1
-                stars, review = parse_completion(text)
+                stars, review = parse_completion(reply.text)
                 if usable(stars, review):
                     answer.stars, answer.review, answer.text, answer.source, answer.cut_short = (
                         stars,
                         review,
-                        text,
+                        reply.text,
                         "llm_retry",
-                        cut,
+                        reply.cut_short,
                     )
                     answer.counts["retry_successes"] += 1
                 else:
-                    answer.unusable.append(text)
+                    answer.unusable.append(reply.text)
         return answers

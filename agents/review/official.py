@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from agents.llm import Sampling, load_llm
+from agents.llm import Answer, Sampling, load_llm
 from agents.plugins import describe, load_class
 from agents.review.agent import AgentConfig, Prediction, ReviewAgent, usable
 
@@ -127,7 +127,7 @@ class Batcher:
                 self.running -= 1
                 self.cond.notify_all()
 
-    def ask(self, messages: list[dict], sampling: Sampling, n: int) -> list[str]:
+    def ask(self, messages: list[dict], sampling: Sampling, n: int) -> list[Answer]:
         if threading.get_ident() in self.abandoned:
             raise TimeoutError("this workflow ran past its timeout: its task has fallen back")
         slot = {"messages": messages, "sampling": sampling, "n": n, "done": threading.Event()}
@@ -211,7 +211,7 @@ def project_llm_class():
             n: int = 1,
         ) -> str | list[str]:
             sampling = Sampling(max_new_tokens=int(max_tokens), temperature=float(temperature))
-            answers = [cut_at_stop(a, stop_strs) for a in self.batcher.ask(messages, sampling, int(n))]
+            answers = [cut_at_stop(a.text, stop_strs) for a in self.batcher.ask(messages, sampling, int(n))]
             return answers[0] if n == 1 else answers
 
         def get_embedding_model(self):

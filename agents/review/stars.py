@@ -32,9 +32,18 @@ approximation, Bonferroni over the other 17 candidates, ``STAR_Z``); with fewer 
 ``min_validation`` such rows, the median. So adding reviews after t (a flood of later 1-star reviews)
 changes nothing that a prediction at t uses, and a lower mean error on a handful of rows is not enough.
 
+**The LLM's expected stars, calibrated.** Where the LLM's stars are an expected value over the five
+digits (agents.llm.option_probs), they are mapped to the scale by an isotonic fit before they blend: for a
+prediction at t, fitted on the LLM-answered validation reviews strictly older than t (at least
+``min_calibration`` of them; with fewer, the LLM's stars are not used there and the count says so). A
+validation review's own calibrated value comes from the reviews older than it, so the blends compete on
+values calibrated without their own truth.
+
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left
 
 import numpy as np
 from scipy.stats import norm
@@ -262,6 +271,35 @@ class GroupedChoice:
         }
 
 
+class TimedIsotonic:
+    """An isotonic map from the LLM's expected stars to the truth, as of a moment: fitted on the rows
+    strictly older than it (``minimum`` of them at least, else no value: NaN). Fits are kept by how many
+    rows they used, so a batch of moments costs one fit per distinct count."""
+
+    def __init__(self, times: np.ndarray, values: np.ndarray, truth: np.ndarray, scale, minimum: int):
+        order = np.argsort(times, kind="stable")
+        self.times = np.asarray(times)[order].tolist()
+        self.values, self.truth = np.asarray(values, float)[order], np.asarray(truth, float)[order]
+        self.scale, self.minimum, self.fits = scale, minimum, {}
+
+    def fit(self, n: int):
+        if n not in self.fits:
+            from sklearn.isotonic import IsotonicRegression
+
+            model = IsotonicRegression(y_min=self.scale[0], y_max=self.scale[1], out_of_bounds="clip")
+            self.fits[n] = model.fit(self.values[:n], self.truth[:n])
+        return self.fits[n]
+
+    def at(self, values, times) -> np.ndarray:
+        """Each value calibrated as of its moment; NaN where fewer than ``minimum`` rows are older."""
+        out = np.full(len(values), np.nan)
+        for k, (value, t) in enumerate(zip(values, times, strict=True)):
+            n = bisect_left(self.times, int(t))
+            if n >= self.minimum and value is not None:
+                out[k] = float(self.fit(n).predict([float(value)])[0])
+        return out
+
+
 class StarModel:
     """Time-aware calibrated stars: ``predict`` for tasks, with the candidate chosen per task on the
     validation rows of its group older than it, and optionally blended with the LLM's stars."""
@@ -272,6 +310,7 @@ class StarModel:
         min_validation: int = 30,
         min_blend: int = 8,
         scale: tuple[float, float] = SCALE,
+        min_calibration: int = 20,
     ):
         self.history = h = History(ratings, scale)
         start, end = h.user.before(h.u, h.ts)
@@ -295,7 +334,8 @@ class StarModel:
         self.choice = GroupedChoice(h.ts[rows], known, predicted, min_validation, BASELINE, STAR_Z)
         del predicted
         self.blend: GroupedChoice | None = None
-        self.min_blend = min_blend
+        self.calibration: TimedIsotonic | None = None
+        self.min_blend, self.min_calibration = min_blend, min_calibration
         self.report = {
             "validation_reviews": len(rows),
             "rule": f"per task, within its group (new item / item with history): {BASELINE} unless a "
@@ -310,8 +350,10 @@ class StarModel:
         """The candidate for each (user code, item code, moment), by the rule of its group."""
         return self.choice.choose(times, self.history.item_known(i, times))
 
-    def set_llm_validation(self, answers: dict[str, float]) -> None:
-        """The LLM's stars for some validation reviews (review_id -> stars): blends compete from now on."""
+    def set_llm_validation(self, answers: dict[str, float], calibrate: bool = False) -> None:
+        """The LLM's stars for some validation reviews (review_id -> stars): blends compete from now on.
+        ``calibrate``: the stars are expected values, mapped by the time-aware isotonic fit first (the
+        module docstring); reviews with too few older ones to calibrate on are left out, counted."""
         h = self.history
         keep = [k for k, r in enumerate(self.validation_rows) if str(h.review_ids[r]) in answers]
         self.report["llm_validation_stars"] = len(keep)
@@ -320,6 +362,19 @@ class StarModel:
         rows = self.validation_rows[keep]
         times, truth = h.ts[rows], h.stars[rows]
         llm = np.array([answers[str(h.review_ids[r])] for r in rows])
+        if calibrate:
+            self.calibration = TimedIsotonic(times, llm, truth, h.scale, self.min_calibration)
+            llm = self.calibration.at(llm, times)
+            ready = ~np.isnan(llm)
+            self.report["llm_calibration"] = {
+                "rule": f"isotonic on the LLM's expected stars, fitted per moment on the LLM-answered "
+                f"validation reviews strictly older than it (>= {self.min_calibration} of them)",
+                "validation_reviews_calibrated": int(ready.sum()),
+                "validation_reviews_too_early": int((~ready).sum()),
+            }
+            rows, times, truth, llm = rows[ready], times[ready], truth[ready], llm[ready]
+            if not len(rows):
+                return
         chosen = self.choose(h.u[rows], h.i[rows], times)  # the model as it stood at each row's own time
         predicted = h.candidates(h.u[rows], h.i[rows], times)
         model = np.array([predicted[c][k] for k, c in enumerate(chosen)])
@@ -336,6 +391,14 @@ class StarModel:
             f"exceeds {BLEND_Z} standard errors (one-sided 95%, Bonferroni over 8 blends)"
         )
         self.report["blend_groups"] = self.blend.report(h.end)
+
+    def calibrated(self, values: list[float | None], times: list[int]) -> list[float | None]:
+        """The LLM's expected stars as of each moment through the calibration (None where there is no
+        value or too few older reviews to calibrate on); as they are without a calibration."""
+        if self.calibration is None:
+            return list(values)
+        mapped = self.calibration.at(values, times)
+        return [None if v is None or np.isnan(m) else float(m) for v, m in zip(values, mapped, strict=True)]
 
     def blend_options(self, items: list[str], times: list[int]) -> list[str]:
         """The blend each (item, moment) would get where the LLM answers ("model": none), so a caller can
@@ -362,6 +425,7 @@ class StarModel:
         names = self.choice.choose(t, known)
         values = np.array([predicted[n][k] for k, n in enumerate(names)])
         if self.blend is not None and llm_stars is not None:
+            llm_stars = self.calibrated(llm_stars, times)
             for k, option in enumerate(self.blend.choose(t, known)):
                 if option != "model" and llm_stars[k] is not None:
                     w = float(option.split("_")[1])

@@ -30,7 +30,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from agents.llm import Constraint, Sampling, count_tokens
+from agents.llm import Constraint, Sampling, count_usage
 from data_prep.prompt import build_sandbox_messages, instruction_of
 
 FEATURE_OPTIONS = {
@@ -68,6 +68,7 @@ class Decider:
         generator; counts: where calls, batches and tokens are counted."""
         self.config, self.backend, self.rng, self.counts, self.human = config, backend, rng, counts, human
         self.neutral: dict[tuple[str, str], tuple[float, int]] = {}  # pmi: (instruction, option) -> score
+        self.decoding: dict[str, dict] = {}  # call kind -> the decoding settings it was asked with
         if (
             config.llm.adapter
             and config.decision.mode == "generate"
@@ -95,17 +96,23 @@ class Decider:
 
     def sampling(self, kind: str, max_new_tokens: int = 160) -> Sampling:
         """A fresh seed per call from the run's generator (varied, and the same on a rerun); the
-        decoding controls against loops (``text``) for the calls that write messages."""
+        decoding controls against loops (``text``) for the calls that write messages, those the backend
+        applies (the summary lists the others as not available). Recorded per kind for the summary."""
         text = self.config.text
         words = kind in MESSAGE_KINDS
-        return Sampling(
+        controls = getattr(self.backend, "decoding_controls", ())
+        sampling = Sampling(
             max_new_tokens,
             self.config.temperature,
             1.0,
             int(self.rng.integers(2**31 - 1)),
-            repetition_penalty=text.repetition_penalty if words else 1.0,
-            no_repeat_ngram_size=text.no_repeat_ngram_size if words else 0,
+            repetition_penalty=text.repetition_penalty if words and "repetition_penalty" in controls else 1.0,
+            no_repeat_ngram_size=text.no_repeat_ngram_size
+            if words and "no_repeat_ngram_size" in controls
+            else 0,
         )
+        self.decoding[kind] = sampling.settings()
+        return sampling
 
     def ask(
         self, kind: str, names: list[str], prompts: list[list[dict]], constraint: Constraint
@@ -116,18 +123,19 @@ class Decider:
         if machine:
             with self.adapter(kind):
                 out = self.backend.generate([prompts[i] for i in machine], self.sampling(kind), constraint)
-            for i, text in zip(machine, out, strict=True):
-                answers[i] = text
-            self.counted(kind, len(machine))
+            for i, answer in zip(machine, out, strict=True):
+                answers[i] = answer.text
+            self.counted(kind, len(machine), out)
         for i, name in enumerate(names):
             if self.plays(name):
                 answers[i] = self.human.answer(kind, prompts[i], constraint)
         return answers
 
-    def counted(self, kind: str, rows: int) -> None:
+    def counted(self, kind: str, rows: int, answers: list | None = None) -> None:
+        """Count a call of ``rows`` prompts and the tokens its answers used (a score call has none)."""
         self.counts[f"llm_calls:{kind}"] += rows
         self.counts["llm_batches"] += 1
-        count_tokens(self.backend, self.counts)
+        count_usage(answers or [], self.counts)
 
     def choose(
         self,

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from agents.llm import Constraint, Sampling, count_tokens
+from agents.llm import Constraint, Sampling, count_usage
 from data_prep.prompt import rank_memories
 
 COMPRESS = Constraint.json_object(
@@ -94,9 +94,9 @@ class LLMMemoryModel:
                 [[{"role": "user", "content": p}] for p in prompts], self.sampling, constraint
             )
         self.counts["llm_calls"] += len(prompts)
-        count_tokens(self.backend, self.counts)
+        count_usage(answers, self.counts)
         out = []
-        for answer in answers:
+        for answer in (a.text for a in answers):
             try:
                 value = json.loads(answer)
                 out.append(value if isinstance(value, dict) and value.get(key) else None)

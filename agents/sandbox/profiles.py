@@ -310,7 +310,7 @@ def written_by_llm(
     answers = backend.generate(conversations, Sampling(160, 0.7, 1.0, int(rng.integers(2**31 - 1))), schema)
     report = {"fallbacks": 0, "renamed": 0, "written": {}}
     out, names = [], {p.name for p in profiles if not placeholder_name(p)}
-    for profile, answer in zip(profiles, answers, strict=True):
+    for profile, answer in zip(profiles, (a.text for a in answers), strict=True):
         value = schema.parse(answer)  # every field present, of its type, in its range; or None
         ok = value is not None and bool(value["name"].strip())
         if not ok:

@@ -375,6 +375,7 @@ def finish(out: Path, world: World, config) -> dict:
         "activity_fit": world.activity_fit,
         "stars": {"model_report": world.rater.model.report, **world.rater.counts},
         "decision": as_dict(config)["decision"],
+        "decoding": dict(sorted(world.decider.decoding.items())),  # what each kind of call was asked with
         "decoding_controls": {
             "applied": [c for c in asked if c in controls],
             "not_available": [c for c in asked if c not in controls],
