@@ -63,6 +63,7 @@ def make_cases(data, users: list[int], held: int) -> list[dict]:
                 "cutoff": cutoff,
                 "history": [(r.movie, r.stars) for r in ratings[:-held] if r.ts < cutoff],  # strictly older
                 "held": [(r.movie, r.stars) for r in ratings[-held:]],
+                "held_ts": [r.ts for r in ratings[-held:]],  # when each held rating became known
             }
         )
     return cases
@@ -130,33 +131,69 @@ def rating_prompts(cases, data, history_titles: int) -> list[list[dict]]:
     return prompts
 
 
-def predict_llm(cases, data, backend, rng, counts, history_titles: int = 20, **_) -> list[list[float]]:
-    from agents.llm import Constraint, Sampling
+def calibrated(
+    values: list[list[float | None]], cases, validation_values, validation, counts
+) -> list[list[float | None]]:
+    """Expected stars mapped by an isotonic fit on the validation users' held-out ratings that became
+    known strictly before each case's cutoff (agents.review.stars.TimedIsotonic); None where fewer than
+    MIN_CALIBRATION of them are older or no value was read (counted)."""
+    from agents.review.stars import TimedIsotonic
+
+    rows = [
+        (t, v, s)
+        for case, row in zip(validation, validation_values, strict=True)
+        for t, v, (_, s) in zip(case["held_ts"], row, case["held"], strict=True)
+        if v is not None
+    ]
+    times, x, y = (np.array(c) for c in zip(*rows, strict=True)) if rows else ([], [], [])
+    fit = TimedIsotonic(times, x, y, (0.5, 5.0), MIN_CALIBRATION)
+    out = []
+    for case, row in zip(cases, values, strict=True):
+        mapped = fit.at([v if v is not None else None for v in row], [case["cutoff"]] * len(row))
+        out.append([None if v is None or np.isnan(m) else float(m) for v, m in zip(row, mapped, strict=True)])
+    counts["calibrated_on"] = len(rows)
+    counts["not_calibrated"] += sum(
+        v is not None and m is None
+        for r, c in zip(values, out, strict=True)
+        for v, m in zip(r, c, strict=True)
+    )
+    return out
+
+
+def read_stars(cases, values, config, validation, validation_values, counts) -> list[list[float | None]]:
+    """The LLM's stars as ``stars.read`` says: greedy as read; expected calibrated on validation."""
+    if config is None or config.stars.read == "greedy":
+        return values
+    return calibrated(values, cases, validation_values, validation, counts)
+
+
+def predict_llm(
+    cases, data, backend, rng, counts, config=None, validation=(), history_titles: int = 20, **_
+) -> list[list[float]]:
+    """The bare LLM's stars, read from its probabilities over 1-5 (``stars.read``; expected ones
+    calibrated on the validation users' held-out ratings); unreadable ones replaced by the user's
+    whole-star mean, counted."""
+    from agents.llm import option_probs, read_choice
     from eval.sandbox_cases import adapter_context
 
-    prompts = rating_prompts(cases, data, history_titles)
-    sampling = Sampling(max_new_tokens=4, seed=int(rng.integers(2**31 - 1)))
-    answers, chunk = [], 64  # asked in chunks, for the progress bar
+    mode = config.stars.read if config is not None else "greedy"
+    asked = list(cases) + (list(validation) if mode == "expected" else [])
+    prompts = rating_prompts(asked, data, history_titles)
+    answers, chunk, seed = [], 64, int(rng.integers(2**31 - 1))  # asked in chunks, for the progress bar
     with adapter_context(backend, False):  # the bare LLM is the base model
         for start in tqdm(range(0, len(prompts), chunk), desc="llm ratings", unit="chunk"):
-            answers += [
-                a.text
-                for a in backend.generate(prompts[start : start + chunk], sampling, Constraint.choice(STARS))
-            ]
+            answers += option_probs(backend, prompts[start : start + chunk], STARS, seed=seed)
+    counts.update(f"probs_from:{a.probs_from}" for a in answers)
+    values, k = [], 0
+    for case in asked:
+        values.append([read_choice(a, mode) for a in answers[k : k + len(case["held"])]])
+        k += len(case["held"])
+    stars = read_stars(cases, values[: len(cases)], config, validation, values[len(cases) :], counts)
     fallback = predict_user_mean_whole(cases, data)  # not counted here: the fallbacks are, below
-    out, k = [], 0
-    for case, backup in zip(cases, fallback, strict=True):
-        row = []
-        for j in range(len(case["held"])):
-            answer = answers[k].strip()
-            k += 1
-            if answer in STARS:
-                row.append(float(answer))
-            else:  # counted, and the raw answer kept for a person to read
-                counts["agent_fallbacks"] += 1
-                counts.setdefault("unusable_answers", []).append(answer)
-                row.append(backup[j])
-        out.append(row)
+    out = []
+    for row, backup in zip(stars, fallback, strict=True):
+        counts["agent_fallbacks"] += sum(v is None for v in row)
+        out.append([v if v is not None else b for v, b in zip(row, backup, strict=True)])
     return out
 
 
@@ -174,27 +211,30 @@ def agents_for(cases, data, config, backend, embed, rng):
     return agents, decider, model
 
 
-def predict_agent_llm(cases, data, config, backend, embed, rng, counts, **_) -> list[list[float]]:
+def predict_agent_llm(
+    cases, data, config, backend, embed, rng, counts, validation=(), **_
+) -> list[list[float]]:
     """The LLM's stars through each user's agent at the cutoff (rating.py's prompt and choice), each film
     asked of the agent as it stood at the cutoff (recalling refreshes memories: restored between)."""
     from agents.sandbox.agent import rate_messages
     from agents.sandbox.rating import STARS
 
-    agents, decider, _ = agents_for(cases, data, config, backend, embed, rng)
-    fallback = predict_user_mean_whole(cases, data)
-    out = []
-    for agent, case, backup in tqdm(
-        list(zip(agents, cases, fallback, strict=True)), desc="agent-llm", leave=False
-    ):
+    asked = list(cases) + (list(validation) if config.stars.read == "expected" else [])
+    agents, decider, _ = agents_for(asked, data, config, backend, embed, rng)
+    values = []
+    for agent, case in tqdm(list(zip(agents, asked, strict=True)), desc="agent-llm", leave=False):
         start, prompts = agent.memory.to_json(), []
         for film, _ in case["held"]:
             agent.memory.load_json(start)
             prompts.append(rate_messages(agent, data.movies[film], case["cutoff"], 0))
         names = [agent.profile.name] * len(prompts)
-        chosen = decider.choose("rate", names, prompts, STARS, [agent.profile.features] * len(prompts))
-        answers = [float(c) if c is not None else None for c in chosen]
-        counts["agent_fallbacks"] += sum(a is None for a in answers)
-        out.append([a if a is not None else b for a, b in zip(answers, backup, strict=True)])
+        values.append(decider.read("rate", names, prompts, STARS, config.stars.read))
+    counts.update({k: v for k, v in decider.counts.items() if k.startswith("probs_from:")})
+    stars = read_stars(cases, values[: len(cases)], config, validation, values[len(cases) :], counts)
+    out = []
+    for row, backup in zip(stars, predict_user_mean_whole(cases, data), strict=True):
+        counts["agent_fallbacks"] += sum(v is None for v in row)
+        out.append([v if v is not None else b for v, b in zip(row, backup, strict=True)])
     return out
 
 
@@ -224,6 +264,9 @@ def predict_agent(cases, data, config, backend, embed, rng, counts, validation=(
         counts.update(f"source:{s}" for s in sources)
         out.append(stars)
     return out
+
+
+MIN_CALIBRATION = 20  # validation ratings an isotonic calibration of expected stars needs
 
 
 METHODS = {

@@ -1044,3 +1044,42 @@ def test_claims_carry_a_holm_corrected_one_sided_p(monkeypatch):
     assert p[("stats-mbr > stats", "review_generation")] == p[("stats-mbr > nearest-centroid", "overall")]
     assert p[("stats-mbr > stats", "review_generation")] == pytest.approx(round(5 / 2001, 3))
     assert p[("stats > user-mean", "preference_estimation")] == 1.0  # the same stars: no evidence
+
+
+def test_expected_llm_stars_read_after_the_answers_beginning_and_calibrated_on_older_validation(
+    yelp_store, yelp_tasks, monkeypatch
+):
+    """llm_stars: expected asks each prompt's probabilities of 1-5 after "stars: " and maps the expected
+    value through the star model's time-aware isotonic fit on validation reviews; without validation
+    reviews to calibrate on it is refused."""
+
+    class Probable(ConstantLLM):
+        def __init__(self):
+            super().__init__()
+            self.prefixes = []
+
+        def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
+            self.prefixes.append(prefix)
+            probs = {o: 0.0 for o in options} | {"4": 0.8, "5": 0.2}
+            return [Answer("4", probs=probs, expected=4.2, probs_from="logprobs") for _ in conversations]
+
+    fake = Probable()
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: fake)
+    store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
+    with pytest.raises(ValueError, match="blend_fraction > 0"):
+        ReviewAgent(
+            AgentConfig(kind="retrieval-llm", retrieval="bm25", llm_stars="expected"), LLMConfig(), store
+        )
+    config = AgentConfig(kind="retrieval-llm", retrieval="bm25", llm_stars="expected", blend_fraction=0.1)
+    agent = ReviewAgent(config, LLMConfig(), store)
+    report = agent.stars.report["llm_calibration"]
+    assert report["validation_reviews_calibrated"] > 0 and set(fake.prefixes) == {"stars: "}
+    tasks = tasks_with_dates(yelp_tasks)[:6]
+    predictions = agent.predict(tasks)
+    assert all(p.counts["expected_stars"] == 1 for p in predictions)
+    mapped = agent.stars.calibrated([4.2] * len(tasks), [t["ts"] for t in tasks])
+    for p, value in zip(predictions, mapped, strict=True):
+        if value is None:  # too few older validation reviews: the calibrated star model, counted
+            assert p.counts["expected_stars_not_calibrated"] == 1 and p.star_model is not None
+        else:  # the LLM's own stars, calibrated (a constant LLM maps to the validation mean)
+            assert p.stars == pytest.approx(value) and p.star_model is None

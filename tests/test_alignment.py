@@ -59,24 +59,34 @@ def test_scores_by_hand():
 
 
 class Rater:
+    """Probabilities of 1-5 all on one digit per prompt, in order (None: none could be read)."""
+
     def __init__(self, answers):
         self.answers, self.asked = answers, []
 
-    def generate(self, conversations, sampling, constraint=None):
-        self.asked.append((conversations, constraint))
-        return [Answer(a) for a in self.answers[: len(conversations)]]
+    def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
+        self.asked.append((conversations, list(options)))
+        out = []
+        for digit in self.answers[: len(conversations)]:
+            if digit is None:
+                out.append(Answer("", probs_from="samples"))
+                continue
+            probs = {o: float(o == digit) for o in options}
+            out.append(Answer(digit, probs=probs, expected=float(digit), probs_from="logprobs"))
+        return out
 
 
-def test_the_bare_llm_answers_a_choice_and_unusable_answers_fall_back_counted():
+def test_the_bare_llm_reads_its_probabilities_and_unreadable_ones_fall_back_counted():
     data = tiny()
     cases = al.make_cases(data, [1], held=2)
-    backend = Rater(["5", "maybe"])
+    backend = Rater(["5", None])
     counts = Counter()
     predictions = al.predict_llm(cases, data, backend, np.random.default_rng(0), counts)
-    assert predictions == [[5.0, 3.0]]  # the second answer replaced by the whole-star user mean
-    assert counts["agent_fallbacks"] == 1 and counts["unusable_answers"] == ["maybe"]
-    ((conversations, constraint),) = backend.asked
-    assert constraint.kind == "choice" and constraint.options == tuple(al.STARS)
+    assert predictions == [[5.0, 3.0]]  # the second replaced by the whole-star user mean
+    assert counts["agent_fallbacks"] == 1
+    assert counts["probs_from:logprobs"] == 1 and counts["probs_from:samples"] == 1
+    ((conversations, options),) = backend.asked
+    assert options == al.STARS
     for conversation, held in zip(conversations, ["Movie 3", "Movie 4"], strict=True):
         prompt = "\n".join(m["content"] for m in conversation)
         memories = [line for line in prompt.splitlines() if line.lstrip("- ").startswith("I rated")]

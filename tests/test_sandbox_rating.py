@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sandbox_fakes import embed
 
-from agents.llm import Answer, Constraint
+from agents.llm import Answer
 from agents.sandbox.agent import agents_at
 from agents.sandbox.config import load_config
 from agents.sandbox.decide import Decider
@@ -25,25 +25,33 @@ def ml(raw):
 
 
 class Stars:
-    """Answers a star question with ``rule(user, title)``; records how often it was asked."""
+    """Answers a star question with probabilities whose expected value is ``rule(user, title)`` (spread
+    over the two digits around it); records how often it was asked."""
 
     def __init__(self, ml, rule):
         self.texts = {m.text(): m.id for m in ml.movies.values()}
         self.rule, self.asked = rule, 0
 
-    def generate(self, conversations, sampling, constraint: Constraint = None):
-        assert constraint.kind == "choice" and constraint.options == tuple(STARS)
+    def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
+        assert list(options) == STARS and not prefix
         self.asked += len(conversations)
         out = []
         for conversation in conversations:
             user = int(re.match(r"You are User (\d+)", conversation[0]["content"]).group(1))
             text = conversation[-1]["content"].split("You just watched ")[1].split("\n")[0].removesuffix(".")
-            out.append(Answer(self.rule(user, self.texts[text]), constrained=True))
+            value = float(self.rule(user, self.texts[text]))
+            low = int(np.floor(value))
+            probs = {o: 0.0 for o in STARS}
+            probs[str(low)] += 1 - (value - low)
+            if value > low:
+                probs[str(low + 1)] += value - low
+            best = max(probs, key=probs.get)
+            out.append(Answer(best, constrained=True, probs=probs, expected=value, probs_from="logprobs"))
         return out
 
 
-def rater(ml, backend, start):
-    config = load_config(None, ["temperature=0"])
+def rater(ml, backend, start, read="greedy"):
+    config = load_config(None, ["temperature=0", f"stars.read={read}"])
     decider = Decider(config, backend, np.random.default_rng(0), Counter())
     return Rater([r for r in ml.ratings if r.ts < start], decider, config, ml.movies), config
 
@@ -67,6 +75,30 @@ def test_the_llm_blends_in_only_where_validation_shows_it_helps(ml):
     expected, names = bad.model.predict(["414"], ["1"], [start])
     assert stars == [float(np.rint(v * 2) / 2) for v in expected] and sources == names  # half stars
     assert 0.5 <= stars[0] <= 5 and (stars[0] * 2).is_integer()
+
+
+def test_expected_stars_are_calibrated_on_older_validation_ratings_before_they_blend(ml):
+    """An LLM that orders films as the user does but squeezes them into 2.6-3.4 stars: read greedy its
+    digit is always 3 and the blend is useless; its expected value, calibrated by the isotonic fit on
+    older validation ratings, carries the user and earns its blend."""
+    start = movielens.parse_moment("2016-01-01", ml)
+    truth = {(r.user, r.movie): r.stars for r in ml.ratings}
+    squeezed = lambda u, m: 2.5 + truth[(u, m)] / 5 * 0.9  # noqa: E731 (monotone in the truth)
+    rows = None
+    verdicts = {}
+    for read in ("greedy", "expected"):
+        backend = Stars(ml, squeezed)
+        model, _ = rater(ml, backend, start, read)
+        rows = rows or [r for r in model.model.validation if r[3] < start][-80:]
+        model.validate(rows, ml, embed, LLMMemoryModel(backend), np.random.default_rng(0))
+        verdicts[read] = model.blends([1], [start])
+    assert verdicts == {"greedy": False, "expected": True}
+    report = model.model.report["llm_calibration"]
+    assert report["validation_reviews_calibrated"] + report["validation_reviews_too_early"] == 80
+    assert report["validation_reviews_too_early"] == 20  # the first 20 have too few older ones
+    # the calibration of a value depends only on validation ratings older than its moment
+    early = model.model.calibrated([3.0], [rows[25][3]])
+    assert early[0] is not None and model.model.calibrated([3.0], [rows[0][3]]) == [None]
 
 
 def test_a_rating_sees_only_the_ratings_before_its_moment(ml):

@@ -99,6 +99,10 @@ class StarsConfig:
     # ratings before the start; the LLM's stars blend in only where these many validation ratings, asked
     # of the LLM at build time, show it helps (0: the model alone, no LLM call)
     llm_validation: int = Field(0, ge=0)
+    # how the LLM's stars are read from its probabilities over the five digits (agents.llm.option_probs):
+    # expected (their expected value, calibrated by an isotonic fit on the validation ratings older than
+    # each rating) or greedy (the most likely digit)
+    read: str = Field("expected", pattern="^(expected|greedy)$")
 
 
 @dataclass(config=STRICT)

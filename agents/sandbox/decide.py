@@ -30,7 +30,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from agents.llm import Constraint, Sampling, count_usage
+from agents.llm import Constraint, Sampling, count_usage, option_probs, read_choice
 from data_prep.prompt import build_sandbox_messages, instruction_of
 
 FEATURE_OPTIONS = {
@@ -130,6 +130,34 @@ class Decider:
             if self.plays(name):
                 answers[i] = self.human.answer(kind, prompts[i], constraint)
         return answers
+
+    def read(
+        self, kind: str, names: list[str], prompts: list[list[dict]], options: list[str], mode: str
+    ) -> list[float | None]:
+        """A number per agent read from the LLM's probabilities over numeric ``options`` (agents.llm.
+        option_probs): their expected value or the most likely one (``mode``); None where none could be
+        read (counted). A human-played agent answers itself. One batched call; where the probabilities
+        came from is counted (``probs_from:...``)."""
+        out: list[float | None] = [None] * len(names)
+        machine = [i for i, n in enumerate(names) if not self.plays(n)]
+        if machine:
+            with self.adapter(kind):
+                answers = option_probs(
+                    self.backend,
+                    [prompts[i] for i in machine],
+                    options,
+                    seed=int(self.rng.integers(2**31 - 1)),
+                )
+            self.counted(kind, len(machine), answers)
+            for i, answer in zip(machine, answers, strict=True):
+                out[i] = read_choice(answer, mode)
+                self.counts[f"probs_from:{answer.probs_from}"] += 1
+            self.decoding[kind] = {"read": mode, "from": "option probabilities"}
+        for i, name in enumerate(names):
+            if self.plays(name):
+                answer = self.human.answer(kind, prompts[i], Constraint.choice(options)).strip()
+                out[i] = float(answer) if answer in options else None
+        return out
 
     def counted(self, kind: str, rows: int, answers: list | None = None) -> None:
         """Count a call of ``rows`` prompts and the tokens its answers used (a score call has none)."""

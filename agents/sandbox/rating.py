@@ -7,8 +7,10 @@ Koren's baseline with the film's bias, ...) beats it by a paired margin on the v
 the same group (a film with or without earlier ratings) older than that moment, all of them only from
 what is older.
 
-The LLM's own stars (a choice of 1-5 after the agent's profile and the memories the film recalls) blend
-in only where the model's blend rule says they help: ``llm_validation`` validation ratings, the most
+The LLM's own stars (read from its probabilities of 1-5 after the agent's profile and the memories the
+film recalls: ``stars.read`` expected, their expected value calibrated by a time-aware isotonic fit on the
+validation ratings, stars.py; or greedy, the most likely digit) blend in only where the model's blend rule
+says they help: ``llm_validation`` validation ratings, the most
 recent before the start, are asked of the LLM as the agent of that user at that moment (built like
 every agent: agent.agents_at), and a blend is used only where its paired gain over the model alone on
 them is significant (stars.py: one-sided 95%, Bonferroni over the blends). Without them the model alone
@@ -40,14 +42,12 @@ def user_key(agent) -> str:
 def llm_stars(
     decider, agents, items: list[int], movies: dict, moments: list[int], rounds: list[int]
 ) -> list[float | None]:
-    """The LLM's stars for each (agent, film), one batched choice; None where the answer is unusable."""
+    """The LLM's stars for each (agent, film), read from its probabilities (``stars.read``), one batched
+    call; None where none could be read."""
     prompts = [
         rate_messages(a, movies[m], t, r) for a, m, t, r in zip(agents, items, moments, rounds, strict=True)
     ]
-    chosen = decider.choose(
-        "rate", [a.profile.name for a in agents], prompts, STARS, [a.profile.features for a in agents]
-    )
-    return [float(c) if c is not None else None for c in chosen]
+    return decider.read("rate", [a.profile.name for a in agents], prompts, STARS, decider.config.stars.read)
 
 
 class Rater:
@@ -82,7 +82,8 @@ class Rater:
         """The LLM's validation stars (from validate, or a checkpoint): the blends compete on them."""
         self.validation_answers = dict(answers)
         if answers:
-            self.model.set_llm_validation(self.validation_answers)
+            calibrate = self.config.stars.read == "expected"
+            self.model.set_llm_validation(self.validation_answers, calibrate=calibrate)
 
     def state(self) -> dict:
         return {"validation_answers": self.validation_answers, "counts": dict(self.counts)}
