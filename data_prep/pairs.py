@@ -6,8 +6,12 @@
 
 Every review the store shows (evaluation task pairs are blocked) whose user has at least --min-history
 strictly older reviews becomes one example: the prompt (data_prep.prompt.build_messages) shows the
-user's latest --k-user reviews and the item's latest --k-item reviews, all strictly older than the
-target; the completion is ``stars: S\\nreview: TEXT``. Examples are split into train and validation by
+user's latest --k-user reviews (what the agents show too: ``user_reviews: latest``) and the item's
+latest --k-item reviews, all strictly older than the target; the completion is ``stars: S\\nreview:
+TEXT``. A prompt is fitted to --max-tokens by data_prep.prompt.fit_messages: text is cut by tokens
+(the item's description, then the longest review, each cut marked "…") before a review is dropped, and
+the user's last review goes only when no item text is left. The card counts the prompts by how many of
+the user's reviews they show (0 / 1 / 2+) and the tokens each part took. Examples are split into train and validation by
 user (no user is in both). With a temporal task folder, only reviews older than its cutoff become
 targets (--before sets another moment), so no adapter learns from the test period. A validation folder
 (data_prep.split --validation-for) as --tasks blocks its own pairs and those of the tasks it was drawn
@@ -30,6 +34,7 @@ import argparse
 import hashlib
 import json
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +63,8 @@ def make_examples(
     before: int | None = None,
 ) -> tuple[list[dict], dict[str, int]]:
     """All examples, and counts of reviews left out (at or after ``before``; too little history; too
-    long even with no past review shown) and of shown reviews dropped to fit the token budget."""
+    long even with no past review shown) and of shown reviews dropped to fit the token budget. Each
+    example keeps what its prompt shows (``user_reviews_shown``, the tokens per part, the cuts)."""
     examples = []
     counts = {
         "at_or_after_cutoff": 0,
@@ -81,19 +87,17 @@ def make_examples(
         completion = format_completion(target["stars"], target["text"])
         user, item = store.get_user(target["user_id"]), store.get_item(target["item_id"])
         try:
-            messages, shown_user, shown_item = fit_messages(
-                tokenizer, user, user_reviews, item, item_reviews, max_tokens, completion
-            )
+            fitted = fit_messages(tokenizer, user, user_reviews, item, item_reviews, max_tokens, completion)
         except ValueError:
             counts["too_long"] += 1
             continue
         counts["shown_reviews_dropped_to_fit"] += (
-            len(user_reviews) + len(item_reviews) - len(shown_user) - len(shown_item)
+            len(user_reviews) + len(item_reviews) - len(fitted.user_reviews) - len(fitted.item_reviews)
         )
-        shown = shown_user + shown_item
+        shown = fitted.user_reviews + fitted.item_reviews
         examples.append(
             {
-                "prompt": messages,
+                "prompt": fitted.messages,
                 "completion": [{"role": "assistant", "content": completion}],
                 "user_id": target["user_id"],
                 "item_id": target["item_id"],
@@ -101,9 +105,38 @@ def make_examples(
                 "date": target["date"],
                 "shown_review_ids": [r["review_id"] for r in shown],
                 "shown_dates": [r["date"] for r in shown],
+                "user_reviews_shown": len(fitted.user_reviews),
+                "prompt_part_tokens": fitted.tokens,
+                "prompt_cuts": fitted.cuts,
             }
         )
     return examples, counts
+
+
+def shown_counts(rows: list[dict]) -> dict:
+    """The prompts by how many of the user's reviews they show (every example's user has one)."""
+    shown = Counter("2+" if r["user_reviews_shown"] >= 2 else str(r["user_reviews_shown"]) for r in rows)
+    none = shown["0"]
+    return {
+        "0": none,
+        "1": shown["1"],
+        "2+": shown["2+"],
+        "share_showing_none": round(none / len(rows), 4) if rows else None,
+    }
+
+
+def prompt_report(splits: dict[str, list[dict]]) -> dict:
+    """What the prompts show, for the card: the user's reviews per split, the tokens each part took
+    (percentiles over all examples) and how often each kind of cut was made."""
+    rows = [r for split in splits.values() for r in split]
+    parts = sorted({p for r in rows for p in r["prompt_part_tokens"]})
+    return {
+        "user_reviews_shown": {name: shown_counts(split) for name, split in splits.items()},
+        "part_tokens": {p: percentiles([r["prompt_part_tokens"].get(p, 0) for r in rows]) for p in parts},
+        "cuts": dict(Counter(c for r in rows for c in r["prompt_cuts"]).most_common()),
+        "rule": "text cut by tokens (item description, then the longest review, each marked) before a review "
+        "is dropped; the user's last review dropped only when no item text is left (data_prep.prompt.fit_messages)",
+    }
 
 
 def supervised_tokens(tokenizer, messages: list[dict], completion: str) -> tuple[list[int], int]:
@@ -244,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
         "users": {name: len({r["user_id"] for r in rows}) for name, rows in splits.items()},
         "candidates": sampled,
         "left_out": counts,
+        "prompts": prompt_report(splits),
         "token_lengths": {k: percentiles(v) for k, v in lengths.items()},
         "tokenizer": args.tokenizer,
         "options": {
@@ -262,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(f"{card['examples']} examples -> {args.out}; left out or trimmed: {counts}")
     print(f"token lengths: {card['token_lengths']}")
+    print(f"the user's reviews each prompt shows (0 / 1 / 2+): {card['prompts']['user_reviews_shown']}")
     if args.debug:
         show_debug(tokenizer, examples, args.debug)
     return card

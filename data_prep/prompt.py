@@ -11,11 +11,13 @@ the held-out review, so they are left out; averages over the shown reviews are g
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
+# short, so the user's own reviews have room: at the demo's 256 tokens every token of the frame is one
+# the user's reviews cannot have
 SYSTEM = (
-    "You simulate a real user of a review platform. From the user's past reviews and the item, predict "
-    "the star rating (1 to 5) this user would give the item and write the review they would write, in "
-    "their own voice. Answer in exactly this format:\nstars: <1-5>\nreview: <the review text>"
+    "You are this user. Write your stars (1-5) and review of the item, in your own voice, in this "
+    "format:\nstars: <1-5>\nreview: <the review text>"
 )
 MAX_REVIEW_CHARS = 400  # each review shown in a prompt is cut here, marked with "…"
 
@@ -57,14 +59,14 @@ def _mean(reviews: list[dict]) -> str:
 def build_messages(
     user: dict | None, user_reviews: list[dict], item: dict | None, item_reviews: list[dict]
 ) -> list[dict]:
-    """System + user messages for one (user, item). Reviews are shown in the order given."""
+    """System + user messages for one (user, item): the user first, then the item. Reviews are shown
+    in the order given (the callers give them oldest first: the last is the latest)."""
     profile = [f"{k}: {user[k]}" for k in USER_FIELDS if user and user.get(k)]
     parts = ["# The user"]
     parts += profile
     if user_reviews:
-        parts.append(
-            f"Their {len(user_reviews)} most relevant past reviews (average {_mean(user_reviews)} stars):"
-        )
+        latest = "latest review" if len(user_reviews) == 1 else f"{len(user_reviews)} latest reviews"
+        parts.append(f"Their {latest} (average {_mean(user_reviews)} stars):")
         parts.append(_review_lines(user_reviews))
     else:
         parts.append("No past reviews are known.")
@@ -72,7 +74,7 @@ def build_messages(
     if item_reviews:
         parts.append(f"What {len(item_reviews)} other users wrote (average {_mean(item_reviews)} stars):")
         parts.append(_review_lines(item_reviews))
-    parts += ["", "Write this user's star rating and review of this item."]
+    parts += ["", "Your stars and review of this item:"]
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(parts)}]
 
 
@@ -239,6 +241,51 @@ def count_tokens(tokenizer, messages: list[dict], completion: str = "") -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+MIN_REVIEW_TOKENS = 24  # a review is cut to no fewer tokens than this before reviews are dropped
+MIN_DESCRIPTION_TOKENS = 16  # the item's description likewise (it goes with the item's other text)
+# the item's fields in the order they go when nothing else is left to cut (the name or title last)
+ITEM_FIELDS_LAST_KEPT = (
+    "price",
+    "brand",
+    "main_cat",
+    "category",
+    "categories",
+    "state",
+    "city",
+    "name",
+    "title",
+)
+
+
+@dataclass
+class FittedPrompt:
+    """A prompt fitted to its token budget (fit_messages): the messages, the reviews it shows (texts as
+    shown, cuts marked "…"), what was cut or dropped in order, and the tokens each part took."""
+
+    messages: list[dict]
+    user_reviews: list[dict]
+    item_reviews: list[dict]
+    cuts: list[str] = field(default_factory=list)
+    tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def shown(self) -> str:
+        """How many of the user's reviews the prompt shows: 0, 1 or 2+ (what the cards count)."""
+        return "2+" if len(self.user_reviews) >= 2 else str(len(self.user_reviews))
+
+
+def cut_to_tokens(tokenizer, text: str, keep: int) -> str:
+    """The text's first ``keep`` tokens, marked "…" where anything was cut ("" for none)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if keep >= len(ids):
+        return text
+    return tokenizer.decode(ids[: max(keep, 0)]).rstrip() + "…" if keep > 0 else ""
+
+
+def _length(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def fit_messages(
     tokenizer,
     user: dict | None,
@@ -247,18 +294,85 @@ def fit_messages(
     item_reviews: list[dict],
     budget: int,
     completion: str = "",
-) -> tuple[list[dict], list[dict], list[dict]]:
-    """build_messages, dropping the oldest shown reviews (from the longer list first) until the prompt
-    (and the completion, when given) fits in ``budget`` tokens. Returns the messages and the user and
-    item reviews kept; raises ValueError when even no review at all does not fit."""
-    user_reviews, item_reviews = list(user_reviews), list(item_reviews)
-    while True:
-        messages = build_messages(user, user_reviews, item, item_reviews)
-        if count_tokens(tokenizer, messages, completion) <= budget:
-            return messages, user_reviews, item_reviews
-        if not user_reviews and not item_reviews:
-            raise ValueError(f"does not fit in {budget} tokens even without past reviews")
-        (user_reviews if len(user_reviews) >= len(item_reviews) else item_reviews).pop(0)
+) -> FittedPrompt:
+    """build_messages fitted to ``budget`` tokens (the prompt, and the completion with EOS when given),
+    the user's reviews kept longest. Text is cut by tokens before any review is dropped, every cut
+    marked "…": (1) the item's description; (2) the longest shown review, again and again, down to
+    MIN_REVIEW_TOKENS; then (3) the item's reviews are dropped, oldest first; (4) the user's, oldest
+    first, down to one; (5) the item's description and fields, the name or title last; (6) the user's last review is cut
+    further, and dropped only when nothing else is left. Raises ValueError when even that does not fit."""
+    user_reviews, item_reviews = [dict(r) for r in user_reviews], [dict(r) for r in item_reviews]
+    for r in user_reviews + item_reviews:  # as shown: one line, at most MAX_REVIEW_CHARS
+        r["text"] = _short(r["text"])
+    item = dict(item) if item else item
+    cuts: list[str] = []
+
+    def size() -> int:
+        return count_tokens(tokenizer, build_messages(user, user_reviews, item, item_reviews), completion)
+
+    total = size()
+
+    def over() -> int:
+        return total - budget
+
+    if over() > 0 and item and item.get("description"):  # (1) the item's description
+        text = _short(_field(item["description"]), 300)
+        keep = max(MIN_DESCRIPTION_TOKENS, _length(tokenizer, text) - over() - 2)
+        item["description"] = cut_to_tokens(tokenizer, text, keep)
+        cuts.append("item description")
+        total = size()
+    for _ in range(64):  # (2) the longest review, down to MIN_REVIEW_TOKENS (bounded: each cut shortens)
+        if over() <= 0:
+            break
+        lengths = [(_length(tokenizer, r["text"]), k) for k, r in enumerate(item_reviews + user_reviews)]
+        lengths = [(n, k) for n, k in lengths if n > MIN_REVIEW_TOKENS]
+        if not lengths:
+            break
+        n, k = max(lengths, key=lambda x: (x[0], -x[1]))  # ties: the item's, then the older
+        second = max([m for m, j in lengths if j != k], default=0)
+        keep = max(MIN_REVIEW_TOKENS, n - over() - 2)
+        if keep < second < n:  # no shorter than the next longest: the cut is shared out
+            keep = second
+        review = (item_reviews + user_reviews)[k]
+        review["text"] = cut_to_tokens(tokenizer, review["text"], min(keep, n - 2))
+        cuts.append("item review" if k < len(item_reviews) else "user review")
+        total = size()
+    while over() > 0 and item_reviews:  # (3) the item's reviews, oldest first
+        item_reviews.pop(0)
+        cuts.append("item review dropped")
+        total = size()
+    while over() > 0 and len(user_reviews) > 1:  # (4) the user's, oldest first, down to one
+        user_reviews.pop(0)
+        cuts.append("user review dropped")
+        total = size()
+    for key in ("description", *ITEM_FIELDS_LAST_KEPT):  # (5) the item's text, the name or title last
+        if over() <= 0 or not item:
+            break
+        if item.get(key):
+            item.pop(key)
+            cuts.append(f"item {key} dropped")
+            total = size()
+    while over() > 0 and user_reviews:  # (6) the user's last review: cut, then dropped
+        review = user_reviews[0]
+        n = _length(tokenizer, review["text"])
+        if n <= 6:  # a cut keeps at least 4 tokens and must shorten the text: nothing left to cut
+            user_reviews.pop()
+            cuts.append("user review dropped")
+        else:
+            review["text"] = cut_to_tokens(tokenizer, review["text"], min(max(4, n - over() - 2), n - 2))
+            cuts.append("user review")
+        total = size()
+    if over() > 0:
+        raise ValueError(f"does not fit in {budget} tokens even without reviews or item text")
+    messages = build_messages(user, user_reviews, item, item_reviews)
+    parts = {
+        "user_reviews": _length(tokenizer, _review_lines(user_reviews)) if user_reviews else 0,
+        "item": _length(tokenizer, describe_item(item)),
+        "item_reviews": _length(tokenizer, _review_lines(item_reviews)) if item_reviews else 0,
+        "completion": _length(tokenizer, completion + tokenizer.eos_token) if completion else 0,
+    }
+    tokens = {"total": total, "frame": total - sum(parts.values()), **parts}
+    return FittedPrompt(messages, user_reviews, item_reviews, cuts, tokens)
 
 
 def format_completion(stars: float, review: str) -> str:

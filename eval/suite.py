@@ -90,8 +90,8 @@ def generation_args(batch_size: int = 16, max_new_tokens: int = 96) -> list[str]
 
 def agents_table(runs: dict[str, Path]) -> str:
     rows = [
-        "| agent | tasks | s/task | LLM answers | parse failures | retries (fixed) | fallbacks | cut at max tokens | stars from | reviews chosen from | visibility |",
-        "|" + "---|" * 11,
+        "| agent | tasks | s/task | LLM answers | parse failures | retries (fixed) | fallbacks | cut at max tokens | user's reviews shown 0/1/2+ | stars from | reviews chosen from | visibility |",
+        "|" + "---|" * 12,
     ]
     notes = []
     for name, run in runs.items():
@@ -103,8 +103,15 @@ def agents_table(runs: dict[str, Path]) -> str:
         rows.append(
             f"| {name} | {s['predicted']}/{s['tasks']} | {s['seconds_per_task'] or 0:.2f} | {answers(c)} | "
             f"{c['parse_failures']} | {c['retries']} ({c['retry_successes']}) | {c['fallbacks']} | "
-            f"{c['cut_short']} | {stars} | {chosen} | {s['visibility']} |"
+            f"{c['cut_short']} | {shown(s.get('prompts'))} | {stars} | {chosen} | {s['visibility']} |"
         )
+        if s.get("prompts"):
+            tokens = ", ".join(f"{k} {v:g}" for k, v in s["prompts"]["mean_tokens"].items() if k != "total")
+            notes.append(
+                f"{name}: prompts of {s['prompts']['mean_tokens'].get('total', 0):g} tokens on average ({tokens}); "
+                f"{s['prompts']['hiding_the_users_reviews']} of the {s['prompts']['of_users_with_reviews']} "
+                "whose user has older reviews show none of them"
+            )
         rule = s.get("selection_rule")
         if rule:
             chosen = "; ".join(
@@ -122,6 +129,13 @@ def agents_table(runs: dict[str, Path]) -> str:
                 f"{trained['tasks_at_or_before_it']} of {trained['tasks']} tasks are at or before that moment"
             )
     return "\n".join(rows + ([""] + notes if notes else []))
+
+
+def shown(prompts: dict | None) -> str:
+    """How many prompts showed 0, 1 and 2+ of the user's reviews ("–" for an agent without prompts)."""
+    if not prompts:
+        return "–"
+    return "/".join(str(prompts["user_reviews_shown"][k]) for k in ("0", "1", "2+"))
 
 
 def answers(counts: dict) -> str:

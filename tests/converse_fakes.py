@@ -39,6 +39,19 @@ class Scripted:
             self.calls.append((kind, conversation[-1]["content"]))
         return [Answer(text, constrained=constraint is not None) for text in out]
 
+    def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
+        """A score asked after the judgement: all probability on the scripted rating's value."""
+        from agents.converse.simulator import SCORES
+
+        out = []
+        for conversation in conversations:
+            key = next(k for k, q in SCORES.items() if q in conversation[-1]["content"])
+            self.kinds.append(f"score:{key}")
+            value = str(self.rating[key])
+            probs = {o: float(o == value) for o in options}
+            out.append(Answer(value, probs=probs, expected=float(value), probs_from="logprobs"))
+        return out
+
     def answer(self, conversation, constraint):
         text = conversation[-1]["content"]
         if constraint is None:
@@ -59,9 +72,13 @@ class Scripted:
             values = json.loads(constraint.schema)["properties"]["drop"]["enum"]
             wanted = [v for v in self.drop if v in values]
             return json.dumps({"contradiction": bool(wanted), "drop": wanted[0] if wanted else values[0]})
-        if "rationale" in keys:
+        if "rationale" in keys:  # the whole rating, or its judgement alone (rating.read greedy / expected)
             self.kinds.append("rating")
-            return "{oops" if self.rating == "garbage" else json.dumps(self.rating)
+            if self.rating == "garbage":
+                return "{oops"
+            return json.dumps(
+                {k: v for k, v in self.rating.items() if k in keys} if len(keys) < 7 else self.rating
+            )
         if keys == {"actions"}:
             self.kinds.append("action")
             turn = text.count("\nYou: ")  # the user's earlier turns in the transcript

@@ -301,7 +301,10 @@ def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yel
     assert [p.unusable for p in predictions] == unusable  # kept with their task, not lost
     # each prediction carries its own counts, so a run's counts are summed from its lines
     zero = {"parse_failures": 0, "cut_short": 0, "unconstrained": 0}
-    assert [dict(p.counts) for p in predictions] == [
+    answer_counts = [{k: v for k, v in p.counts.items() if not k.startswith("prompt_")} for p in predictions]
+    # what each prompt showed is counted too: the user's reviews (no tokenizer here: unmeasured)
+    assert all(sum(p.counts[f"prompt_user_reviews:{k}"] for k in ("0", "1", "2+")) == 1 for p in predictions)
+    assert answer_counts == [
         {**zero, "llm_answers": 1},
         {**zero, "llm_answers": 1, "parse_failures": 1, "retries": 1, "retry_successes": 1},
         {

@@ -16,7 +16,7 @@ from agents.converse import profiles
 from agents.converse.config import ConfigError, load_config
 from agents.converse.crs import AgentCRS, BaseCRS, Session, load_restaurants
 from agents.converse.run import run
-from agents.converse.simulator import User, UserSimulator, words_per_message
+from agents.converse.simulator import JUDGEMENT, SCORES, User, UserSimulator, words_per_message
 from agents.llm import Answer
 from data_prep import recllmsim
 
@@ -329,6 +329,24 @@ def test_replay_rates_every_assistant_turn_and_leaves_the_dialogue_alone():
     assert [len(r) for r in ratings] == [2, 2] and recorded["turns"] == turns
     assert all(r["modifier"] == 0.0 for rs in ratings for r in rs)  # no persona traits in replay
     assert backend.kinds == ["rating"] * 4  # nothing but ratings
+
+
+@pytest.mark.parametrize("read", ["greedy", "expected"])
+def test_a_rating_read_from_probabilities_writes_its_judgement_first(read):
+    """rating.read greedy / expected: the judgement is written first (its schema in the written order:
+    the rationale before anything else), then each score is read from the probabilities, asked after it."""
+    turns = [("user", "Ideas?"), ("assistant", "A book.")]
+    recorded = {"about": "You are a teacher.", "task": "A gift.", "turns": turns}
+    backend = Scripted()
+    simulator = UserSimulator(config(f"rating.read={read}"), backend, np.random.default_rng(0))
+    ((rating,),) = simulator.replay([recorded])
+    assert backend.kinds == ["rating", *(f"score:{k}" for k in SCORES)]
+    judgement = next(c for k, c in backend.calls if k == "rating")
+    assert "Rate the assistant" in judgement
+    assert list(JUDGEMENT.json_schema()["properties"])[0] == "rationale"
+    assert (rating["language_quality"], rating["action_quality"], rating["fit"]) == (4, 4, 3)
+    assert rating["recommendation_quality"] == 4 and simulator.counts["rating_probs_from:logprobs"] == 4
+    assert simulator.counts["fallback:rating"] == 0
 
 
 def test_prompts_show_the_configured_number_of_last_turns():

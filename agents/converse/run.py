@@ -31,7 +31,7 @@ from agents.converse.crs import RECOMMENDERS, load_restaurants
 from agents.converse.goals import read_reviews, yelp_goals
 from agents.converse.plugins import PluginCRS, plugin_records
 from agents.converse.profiles import Persona, load_sources, resolve_conflicts, sample_personas
-from agents.converse.simulator import User, UserSimulator
+from agents.converse.simulator import User, UserSimulator, decoding
 from agents.llm import EXECUTION_FIELDS
 from agents.plugins import PluginError
 from agents.runs import Lock, json_lines, read_jsonl, valid_lines, write_json
@@ -211,6 +211,7 @@ def summarise(out: Path, config, report: dict) -> dict:
         "personas": report,
         "plugins": plugin_records(config),
         "config": as_dict(config),
+        "decoding": decoding(config),
         "provenance": provenance(["torch", "transformers", "numpy"]),
     }
     write_json(out / "summary.json", summary)

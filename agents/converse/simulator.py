@@ -29,6 +29,7 @@ simulator's ratings are checked against people's).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.converse import goals
-from agents.llm import Constraint, Sampling, count_usage
+from agents.llm import Constraint, Sampling, count_usage, option_probs, read_choice
 from data_prep.prompt import (  # noqa: F401 (the vocabulary, importable from here too)
     ACTION_INTENT,
     ACTION_TEXT,
@@ -58,6 +59,19 @@ RATING = Constraint.json_object(
     new_preference={"type": "string"},
     fit={"type": "integer", "minimum": 1, "maximum": 5},
 )
+# rating.read greedy / expected: the judgement written first, then each score read from probabilities
+JUDGEMENT = Constraint.json_object(
+    rationale={"type": "string", "minLength": 1, "maxLength": 400},
+    recommended={"type": "boolean"},
+    new_preference={"type": "string", "maxLength": 80},
+)
+SCORES = {  # each score's question, asked after the judgement
+    "language_quality": "how well the assistant's last message is written",
+    "action_quality": "how sensible the assistant's move is",
+    "recommendation_quality": "how good its recommendation is for you (if it made none, how helpful it was)",
+    "fit": "how well the new thing it suggested fits you (if none, how well its suggestion fits you)",
+}
+DIGITS = ["1", "2", "3", "4", "5"]
 ACTION = Constraint.json_object(
     actions={"type": "array", "items": {"type": "string", "enum": ACTIONS}, "minItems": 1, "maxItems": 2}
 )
@@ -72,6 +86,27 @@ FIRST_ACTION = Constraint.json_object(
 # no character caps: a message is bounded by config.message_tokens (a cut is counted as cut_short)
 MESSAGE = Constraint.json_object(message={"type": "string", "minLength": 1})
 FALLBACK_MESSAGE = "Could you suggest something?"
+
+
+# the most tokens each kind of call may write, where the config does not set it
+TOKENS = {"action": 40, "judge": 8, "questionnaire": 64}
+
+
+def decoding(config) -> dict:
+    """How each kind of the simulated user's calls decodes (the run's record: summary.json): the
+    temperature and token caps of the config, every other setting neutral (agents.llm.Sampling)."""
+    caps = {
+        "rating": config.rating_tokens,
+        "response": config.message_tokens,
+        "refine": config.message_tokens,
+    }
+    out = {
+        kind: Sampling(tokens, config.temperature).settings() for kind, tokens in {**caps, **TOKENS}.items()
+    }
+    out["rating_scores"] = (
+        {"read": config.rating.read, "from": "option probabilities"} if config.rating.read != "json" else None
+    )
+    return out
 
 
 def words_per_message(text: str) -> int:
@@ -146,11 +181,15 @@ class UserSimulator:
             converse_rating_prompt(item["about"], item["task"], self.transcript(item["dialogue"]))
             for item in items
         ]
+        if self.config.rating.read == "json":
+            values = [
+                RATING.parse(a) for a in self.generate(prompts, RATING, "rating", self.config.rating_tokens)
+            ]
+        else:
+            values = self.read_scores(prompts)
         out = []
-        for item, answer in zip(
-            items, self.generate(prompts, RATING, "rating", self.config.rating_tokens), strict=True
-        ):
-            value = RATING.parse(answer)  # every field present, of its type and in its range, or None
+        for item, value in zip(items, values, strict=True):
+            # value: every field present, of its type and in its range, or None
             if value is None:
                 self.counts["fallback:rating"] += 1
                 out.append(None)
@@ -179,6 +218,36 @@ class UserSimulator:
                 rating.update(objective=objective, modifier=modifier, recommendation_quality=final)
             out.append(rating)
         return out
+
+    def read_scores(self, prompts: list[str]) -> list[dict | None]:
+        """A rating whose judgement is written first (JUDGEMENT) and whose four scores are then read from
+        the model's probabilities over 1-5 (``rating.read``: greedy or expected), each asked after the
+        judgement; None where the judgement or a score could not be read (counted as fallbacks)."""
+        written = self.generate(prompts, JUDGEMENT, "rating", self.config.rating_tokens)
+        judged = [JUDGEMENT.parse(a) for a in written]
+        asked = [(k, key) for k, j in enumerate(judged) if j is not None for key in SCORES]
+        question = "Now score {}, from 1 (very poor) to 5 (excellent). One digit."
+        conversations = [
+            [
+                {"role": "user", "content": prompts[k]},
+                {"role": "assistant", "content": json.dumps(judged[k])},
+                {"role": "user", "content": question.format(SCORES[key])},
+            ]
+            for k, key in asked
+        ]
+        seed = int(self.rng.integers(2**31 - 1))
+        answers = option_probs(self.backend, conversations, DIGITS, seed=seed) if conversations else []
+        self.counts["llm_calls:rating_scores"] += len(conversations)
+        count_usage(answers, self.counts)
+        self.counts.update(f"rating_probs_from:{a.probs_from}" for a in answers)
+        values = [dict(j) if j is not None else None for j in judged]
+        for (k, key), answer in zip(asked, answers, strict=True):
+            score = read_choice(answer, self.config.rating.read)
+            if values[k] is not None and score is None:
+                values[k] = None  # a score that could not be read: the whole rating is a fallback
+            elif values[k] is not None:
+                values[k][key] = score
+        return values
 
     @staticmethod
     def modifier(persona, novel: bool) -> float:
@@ -335,7 +404,7 @@ class UserSimulator:
         out: list[list[str] | None] = [None] * len(prompts)
         for constraint in dict.fromkeys(constraints):  # one batch per constraint (first turns differ)
             index = [k for k, c in enumerate(constraints) if c == constraint]
-            answers = self.generate([prompts[k] for k in index], constraint, "action", 40)
+            answers = self.generate([prompts[k] for k in index], constraint, "action", TOKENS["action"])
             for k, answer in zip(index, answers, strict=True):
                 value = constraint.parse(answer)
                 if value is None:
@@ -424,7 +493,7 @@ class UserSimulator:
         prompts = [
             f"{tool.question}\nMessage: {m}\nAnswer with one of: {', '.join(levels)}" for m in messages
         ]
-        answers = self.generate(prompts, Constraint.choice(levels), f"judge:{tool.name}", 8)
+        answers = self.generate(prompts, Constraint.choice(levels), f"judge:{tool.name}", TOKENS["judge"])
         out = []
         for answer in answers:
             if answer.strip() in levels:
@@ -453,7 +522,9 @@ class UserSimulator:
         ]
         out = []
         for start in tqdm(range(0, len(prompts), 32), desc="questionnaires", unit=" x32", leave=False):
-            for answer in self.generate(prompts[start : start + 32], schema, "questionnaire", 64):
+            for answer in self.generate(
+                prompts[start : start + 32], schema, "questionnaire", TOKENS["questionnaire"]
+            ):
                 value = schema.parse(answer)
                 if value is None:
                     self.counts["fallback:questionnaire"] += 1

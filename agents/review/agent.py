@@ -50,7 +50,7 @@ from agents.review.select import (
     uses_samples,
 )
 from agents.review.stars import GROUPS, StarModel
-from data_prep.prompt import build_messages, describe_item, fit_messages, parse_completion
+from data_prep.prompt import FittedPrompt, build_messages, describe_item, fit_messages, parse_completion
 
 KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
 # settings that only matter with selection: mbr
@@ -104,6 +104,13 @@ class AgentConfig:
     )
     k_user: int = 5
     k_item: int = 3
+    user_reviews: str = field(
+        default="latest",
+        metadata={
+            "help": "which of the user's older reviews the prompt shows: latest (the k_user latest, as the "
+            "training pairs show them) or relevant (the k_user most similar to the item)"
+        },
+    )
     retrieval: str = field(default="embedding", metadata={"help": "embedding or bm25"})
     prompt_tokens: int = field(
         default=768, metadata={"help": "prompt budget; oldest shown reviews dropped first"}
@@ -215,6 +222,18 @@ class TaskAnswer:
     counts: Counter
 
 
+def prompt_counts(prompt: FittedPrompt, has_history: bool) -> Counter:
+    """What a task's prompt showed, as counts a run sums: how many of the user's reviews (0 / 1 / 2+,
+    and how many prompts showed none of a user who has older ones), the tokens each part took, and
+    what was cut to fit."""
+    counts = Counter({f"prompt_user_reviews:{prompt.shown}": 1})
+    counts["prompt_user_has_reviews"] += has_history
+    counts["prompt_hides_the_users_reviews"] += has_history and not prompt.user_reviews
+    counts.update({f"prompt_tokens:{part}": n for part, n in prompt.tokens.items()})
+    counts.update(f"prompt_cut:{cut}" for cut in prompt.cuts)
+    return counts
+
+
 def usable(stars: float | None, review: str | None) -> bool:
     return stars is not None and 1 <= stars <= 5 and bool(review and review.strip())
 
@@ -249,6 +268,8 @@ class ReviewAgent:
             raise ValueError(f"selection is answer or mbr, pool one of {CHOICES}")
         if config.selection_rule and config.selection != "mbr":
             raise ValueError("selection_rule is for selection: mbr")
+        if config.user_reviews not in ("latest", "relevant"):
+            raise ValueError(f"user_reviews is latest or relevant, not {config.user_reviews!r}")
         if config.llm_stars not in ("greedy", "expected"):
             raise ValueError(f"llm_stars is greedy or expected, not {config.llm_stars!r}")
         if config.llm_stars == "expected" and config.kind not in ("stats",) and config.blend_fraction <= 0:
@@ -341,8 +362,9 @@ class ReviewAgent:
 
     def contexts(self, tasks: list[dict]) -> list[dict]:
         """What the agent may see for each task: only reviews strictly older than its target (official
-        visibility: all reviews); the store hides the task pairs either way. Shown reviews are ranked
-        by relevance, then put oldest first."""
+        visibility: all reviews); the store hides the task pairs either way. The user's shown reviews are
+        their latest (``user_reviews: latest``, as in training) or the most relevant to the item; the
+        item's the most relevant to the user's style; both put oldest first."""
         k_user, k_item = self.config.k_user, self.config.k_item
         if self.config.kind == "asc-baseline":
             k_user, k_item = 0, 1
@@ -367,16 +389,22 @@ class ReviewAgent:
             if self.config.kind == "stats":  # only the fallback review is needed
                 requests += [(item_text, history, 1), (item_text, item_pool, 0 if history else 1)]
             else:
-                requests += [(item_text, history, k_user), (style, item_pool, k_item)]
+                latest = self.config.user_reviews == "latest"
+                requests += [(item_text, history, 0 if latest else k_user), (style, item_pool, k_item)]
         ranked = self.retriever.rank_many(requests)
         by_age = lambda reviews: sorted(reviews, key=lambda r: (r["date"], r["review_id"]))  # noqa: E731
         for n, ctx in enumerate(contexts):
-            ctx["user_reviews"], ctx["item_reviews"] = by_age(ranked[2 * n]), by_age(ranked[2 * n + 1])
+            latest = self.config.kind != "stats" and self.config.user_reviews == "latest"
+            user_reviews = ctx["history"][-k_user:] if latest and k_user else ranked[2 * n]
+            ctx["user_reviews"], ctx["item_reviews"] = by_age(user_reviews), by_age(ranked[2 * n + 1])
         return contexts
 
-    def messages(self, ctx: dict) -> list[dict]:
+    def fit(self, ctx: dict) -> FittedPrompt:
+        """The task's prompt fitted to ``prompt_tokens`` (data_prep.prompt.fit_messages: text cut by
+        tokens before a review is dropped, the user's last review kept longest); without a tokenizer
+        (an openai backend without one) as built, unmeasured."""
         if self.tokenizer is not None:
-            messages, _, _ = fit_messages(
+            return fit_messages(
                 self.tokenizer,
                 ctx["user"],
                 ctx["user_reviews"],
@@ -384,8 +412,11 @@ class ReviewAgent:
                 ctx["item_reviews"],
                 self.config.prompt_tokens,
             )
-            return messages
-        return build_messages(ctx["user"], ctx["user_reviews"], ctx["item"], ctx["item_reviews"])
+        messages = build_messages(ctx["user"], ctx["user_reviews"], ctx["item"], ctx["item_reviews"])
+        return FittedPrompt(messages, ctx["user_reviews"], ctx["item_reviews"])
+
+    def messages(self, ctx: dict) -> list[dict]:
+        return self.fit(ctx).messages
 
     def fallback_review(self, ctx: dict) -> str:
         """The most relevant past review of the user, else of the item, else a neutral sentence."""
@@ -573,14 +604,16 @@ class ReviewAgent:
         carries its own counts (answers, parse failures, retries, retry successes)."""
         sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
         constraint = Constraint.answer(self.config.max_review_chars) if self.config.constrained else None
-        conversations = [self.messages(c) for c in contexts]
+        fitted = [self.fit(c) for c in contexts]
+        conversations = [f.messages for f in fitted]
         replies: list[LLMAnswer] = self.llm.generate(conversations, sampling, constraint=constraint)
         answers = []
-        for reply in replies:
+        for reply, ctx, prompt in zip(replies, contexts, fitted, strict=True):
             stars, review = parse_completion(reply.text)
             counts = Counter(
                 llm_answers=1, unconstrained=int(constraint is not None and not reply.constrained)
             )
+            counts.update(prompt_counts(prompt, bool(ctx["history"])))
             if reply.cached:  # a key only where it happened, as with the other counts (answer_cache)
                 counts["cached_answers"] += 1
             ok = usable(stars, review)

@@ -37,7 +37,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
-from agents.llm import LLMConfig
+from agents.llm import LLMConfig, Sampling
 from agents.review import official
 from agents.review.agent import (
     COUNTS,
@@ -236,12 +236,44 @@ def summarise(out: Path, tasks: list[dict], done: dict[int, dict], extra: dict) 
         "reviews_chosen_from": Counter(row["chosen_source"] for row in rows if "chosen_source" in row),
         "selections_used": Counter(row["selection"] for row in rows if row.get("selection")),
         "counts": dict(counts),
+        "prompts": prompt_summary(counts),
         "invocations": len(invocations),
         "seconds_loading": round(sum(i["seconds_loading"] for i in invocations), 1),
         "seconds_running": round(running, 2),
         "seconds_per_task": round(running / len(rows), 4) if rows else None,
         "star_model": json.loads(star_model.read_text()) if star_model.exists() else None,
         "provenance": provenance(PACKAGES),
+    }
+
+
+def prompt_summary(counts: Counter) -> dict | None:
+    """What the LLM's prompts showed (agents.review.agent.prompt_counts, summed): how many of the
+    user's reviews (0 / 1 / 2+), how many showed none of a user who has older ones, the mean tokens of
+    each part and the cuts made to fit; None for a run without prompts."""
+    asked = sum(counts.get(f"prompt_user_reviews:{k}", 0) for k in ("0", "1", "2+"))
+    if not asked:
+        return None
+    parts = sorted(k.split(":", 1)[1] for k in counts if k.startswith("prompt_tokens:"))
+    return {
+        "prompts": asked,
+        "user_reviews_shown": {k: counts.get(f"prompt_user_reviews:{k}", 0) for k in ("0", "1", "2+")},
+        "hiding_the_users_reviews": counts.get("prompt_hides_the_users_reviews", 0),
+        "of_users_with_reviews": counts.get("prompt_user_has_reviews", 0),
+        "mean_tokens": {p: round(counts[f"prompt_tokens:{p}"] / asked, 1) for p in parts},
+        "cuts": {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("prompt_cut:")},
+    }
+
+
+def decoding(config) -> dict:
+    """How the agent's LLM calls decode (the run's record): the answer, the MBR samples, the stars."""
+    answer = Sampling(config.max_new_tokens, config.temperature, seed=config.seed)
+    sampled = Sampling(config.sample_max_new_tokens or config.max_new_tokens, config.sample_temperature)
+    return {
+        "answer": answer.settings(),
+        "samples": sampled.settings() if config.selection == "mbr" and config.samples else None,
+        "stars": {"read": config.llm_stars, "from": "option probabilities after 'stars: '"}
+        if config.llm_stars == "expected"
+        else {"read": "greedy", "from": "the answer's stars"},
     }
 
 
@@ -296,6 +328,7 @@ def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) ->
         "agent": asdict(agent_config),
         "visibility": agent_config.visibility,
         "llm": asdict(llm_config) if uses_llm else None,
+        "decoding": decoding(agent_config) if uses_llm else None,
         "ran_now": len(todo),
         "retrieval": agent_config.retrieval,
         "plugin": official.plugin_record(agent_config.agent) if agent_config.agent else None,
