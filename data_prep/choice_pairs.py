@@ -163,6 +163,7 @@ def make_examples(data, targets, before: int, options: dict, embed, rng) -> tupl
                 "user": target.user,
                 "date": movielens.iso(target.ts),  # train.sft's training_data.json: the latest target
                 "page": page,  # the films shown, in order
+                "memories_shown": len(shown),  # the user's history the prompt shows
             }
         )
     return examples, counts
@@ -224,6 +225,19 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
         "left_out": dict(counts),
         "latest_target": max((e["date"] for e in kept), default=None),
         "token_lengths": percentiles(lengths),
+        "prompts": {
+            "memories_shown": {
+                split: {
+                    k: sum(
+                        ("2+" if r["memories_shown"] >= 2 else str(r["memories_shown"])) == k for r in rows
+                    )
+                    for k in ("0", "1", "2+")
+                }
+                for split, rows in splits.items()
+            },
+            "rule": "nothing is cut: the profile, the memories and the page are shown whole; an example over "
+            "--max-tokens is left out whole (too_long)",
+        },
         "tokenizer": args.tokenizer,
         "options": {
             "before": movielens.day(before),

@@ -57,10 +57,15 @@ def _mean(reviews: list[dict]) -> str:
 
 
 def build_messages(
-    user: dict | None, user_reviews: list[dict], item: dict | None, item_reviews: list[dict]
+    user: dict | None,
+    user_reviews: list[dict],
+    item: dict | None,
+    item_reviews: list[dict],
+    left_out: int = 0,
 ) -> list[dict]:
     """System + user messages for one (user, item): the user first, then the item. Reviews are shown
-    in the order given (the callers give them oldest first: the last is the latest)."""
+    in the order given (the callers give them oldest first: the last is the latest). ``left_out``: how
+    many of the user's reviews were left out to fit, so a prompt never claims none are known."""
     profile = [f"{k}: {user[k]}" for k in USER_FIELDS if user and user.get(k)]
     parts = ["# The user"]
     parts += profile
@@ -68,6 +73,8 @@ def build_messages(
         latest = "latest review" if len(user_reviews) == 1 else f"{len(user_reviews)} latest reviews"
         parts.append(f"Their {latest} (average {_mean(user_reviews)} stars):")
         parts.append(_review_lines(user_reviews))
+    elif left_out:
+        parts.append(f"Their {left_out} past review{'s' * (left_out != 1)} did not fit here.")
     else:
         parts.append("No past reviews are known.")
     parts += ["", "# The item", describe_item(item)]
@@ -306,9 +313,13 @@ def fit_messages(
         r["text"] = _short(r["text"])
     item = dict(item) if item else item
     cuts: list[str] = []
+    given = len(user_reviews)
+
+    def messages() -> list[dict]:
+        return build_messages(user, user_reviews, item, item_reviews, left_out=given - len(user_reviews))
 
     def size() -> int:
-        return count_tokens(tokenizer, build_messages(user, user_reviews, item, item_reviews), completion)
+        return count_tokens(tokenizer, messages(), completion)
 
     total = size()
 
@@ -364,7 +375,6 @@ def fit_messages(
         total = size()
     if over() > 0:
         raise ValueError(f"does not fit in {budget} tokens even without reviews or item text")
-    messages = build_messages(user, user_reviews, item, item_reviews)
     parts = {
         "user_reviews": _length(tokenizer, _review_lines(user_reviews)) if user_reviews else 0,
         "item": _length(tokenizer, describe_item(item)),
@@ -372,7 +382,7 @@ def fit_messages(
         "completion": _length(tokenizer, completion + tokenizer.eos_token) if completion else 0,
     }
     tokens = {"total": total, "frame": total - sum(parts.values()), **parts}
-    return FittedPrompt(messages, user_reviews, item_reviews, cuts, tokens)
+    return FittedPrompt(messages(), user_reviews, item_reviews, cuts, tokens)
 
 
 def format_completion(stars: float, review: str) -> str:

@@ -85,6 +85,12 @@ def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw
     assert card["task"] == "sandbox_choice" and sum(card["examples"].values()) == 24
     assert not {r["user"] for r in rows["train"]} & {r["user"] for r in rows["validation"]}
     assert card["latest_target"] < "2003-01-01" and card["options"]["short_term_capacity"] == 3
+    for split, shown in card["prompts"]["memories_shown"].items():  # what the prompts show, counted
+        assert sum(shown.values()) == card["examples"][split]
+        assert shown["2+"] == sum(r["memories_shown"] >= 2 for r in rows[split])
+        assert all(
+            r["prompt"][-1]["content"].count("\n- ") >= min(r["memories_shown"], 1) for r in rows[split]
+        )
     from train.sft import main as sft
 
     run = tmp_path / "adapter"

@@ -97,6 +97,7 @@ def test_the_users_last_review_goes_only_when_no_item_text_is_left(tokenizer):
             assert len(fitted.user_reviews) == 2
         if not fitted.user_reviews:  # the user's last review went: nothing of the item is left
             assert "title:" not in content and "description:" not in content
+            assert "Their 2 past reviews did not fit here." in content  # never "none are known"
         for r in fitted.user_reviews + fitted.item_reviews:
             assert len(tokenizer(r["text"].rstrip("…"))["input_ids"]) >= min(MIN_REVIEW_TOKENS, 4)
         if fitted.user_reviews:
