@@ -11,7 +11,7 @@ caller reads state left on a backend.
   ``review: `` and 1 to n characters without a newline, then the end), so training and inference keep
   one format and a looping small model still closes its review;
 - ``Constraint.json(schema)``: a JSON schema, decoded in the order its properties are written (a
-  rationale written first is decoded first); the answer cache keys it in a canonical form;
+  rationale written first is decoded first); the answer cache keys it in that order too;
 - ``Constraint.choice(options)``: exactly one of fixed strings.
 
 ``hf`` enforces them with llguidance (``GrammarProcessor``, a logits processor over transformers'
@@ -157,13 +157,6 @@ class Constraint:
     @staticmethod
     def choice(options: list[str]) -> Constraint:
         return Constraint("choice", options=tuple(check_options(options)))
-
-    def canonical(self) -> dict:
-        """This constraint with its schema's keys sorted: what the answer cache keys it by."""
-        value = asdict(self)
-        if self.schema is not None:
-            value["schema"] = json.dumps(json.loads(self.schema), sort_keys=True)
-        return value
 
     def regex(self) -> str:
         """The answer format as a regular expression."""
@@ -864,8 +857,9 @@ class VLLMBackend:
         prefix: str = "",
     ) -> list[Answer]:
         """Each option's probability after each prompt (and ``prefix``): the engine scores the prompt
-        followed by each option (``prompt_logprobs``: the log-probability of every prompt token; the
-        shared prompt is computed once with prefix caching), normalised over the options."""
+        followed by each option (``prompt_logprobs``: the log-probability of every prompt token),
+        normalised over the options. vLLM does not reuse its prefix cache for a request that asks for
+        prompt log-probabilities, so this costs one prefill per option (five for a rating)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -1137,7 +1131,7 @@ class CachedBackend:
             "conversation": conversation,
             "prompt": render_prompt(tokenizer, conversation) if tokenizer is not None else None,
             "sampling": settings,
-            "constraint": constraint.canonical() if constraint is not None else None,
+            "constraint": asdict(constraint) if constraint is not None else None,  # the written order
         }
         return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 

@@ -330,8 +330,9 @@ def fit_messages(
         text = _short(_field(item["description"]), 300)
         keep = max(MIN_DESCRIPTION_TOKENS, _length(tokenizer, text) - over() - 2)
         item["description"] = cut_to_tokens(tokenizer, text, keep)
-        cuts.append("item description")
-        total = size()
+        if item["description"] != text:
+            cuts.append("item description")
+            total = size()
     for _ in range(64):  # (2) the longest review, down to MIN_REVIEW_TOKENS (bounded: each cut shortens)
         if over() <= 0:
             break
@@ -366,11 +367,12 @@ def fit_messages(
     while over() > 0 and user_reviews:  # (6) the user's last review: cut, then dropped
         review = user_reviews[0]
         n = _length(tokenizer, review["text"])
-        if n <= 6:  # a cut keeps at least 4 tokens and must shorten the text: nothing left to cut
+        shorter = cut_to_tokens(tokenizer, review["text"], min(max(4, n - over() - 2), n - 2))
+        if n <= 6 or _length(tokenizer, shorter) >= n:  # nothing left to cut (every cut must shorten)
             user_reviews.pop()
             cuts.append("user review dropped")
         else:
-            review["text"] = cut_to_tokens(tokenizer, review["text"], min(max(4, n - over() - 2), n - 2))
+            review["text"] = shorter
             cuts.append("user review")
         total = size()
     if over() > 0:

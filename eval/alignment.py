@@ -182,7 +182,7 @@ def predict_llm(
     answers, chunk, seed = [], 64, int(rng.integers(2**31 - 1))  # asked in chunks, for the progress bar
     with adapter_context(backend, False):  # the bare LLM is the base model
         for start in tqdm(range(0, len(prompts), chunk), desc="llm ratings", unit="chunk"):
-            answers += option_probs(backend, prompts[start : start + chunk], STARS, seed=seed)
+            answers += option_probs(backend, prompts[start : start + chunk], STARS, seed=seed + start)
     counts.update(f"probs_from:{a.probs_from}" for a in answers)
     values, k = [], 0
     for case in asked:

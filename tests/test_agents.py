@@ -1086,3 +1086,30 @@ def test_expected_llm_stars_read_after_the_answers_beginning_and_calibrated_on_o
             assert p.counts["expected_stars_not_calibrated"] == 1 and p.star_model is not None
         else:  # the LLM's own stars, calibrated (a constant LLM maps to the validation mean)
             assert p.stars == pytest.approx(value) and p.star_model is None
+
+
+def test_the_tuned_agent_gives_the_star_model_expected_stars_raw_so_they_are_calibrated_once(
+    yelp_store, yelp_tasks, monkeypatch, tmp_path
+):
+    class Probable(ConstantLLM):
+        def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
+            return [Answer("4", probs={"4": 1.0}, expected=3.7, probs_from="logprobs") for _ in conversations]
+
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: Probable())
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "training_data.json").write_text(json.dumps({"train_review_ids": []}))
+    store = ReviewStore.open(yelp_store, tasks=yelp_tasks)
+    config = AgentConfig(kind="tuned", retrieval="bm25", llm_stars="expected", blend_fraction=0.1)
+    agent = ReviewAgent(config, LLMConfig(adapter=str(adapter)), store)
+    given = []
+    real = agent.stars.predict
+    monkeypatch.setattr(
+        agent.stars,
+        "predict",
+        lambda *a, llm_stars=None: given.append(llm_stars) or real(*a, llm_stars=llm_stars),
+    )
+    agent.predict(tasks_with_dates(yelp_tasks)[:3])
+    assert given == [[3.7, 3.7, 3.7]]  # raw: StarModel.predict maps them, as on validation
+    agent.stars.calibration = None  # expected stars with no calibration are never used as they are
+    assert agent.stars.calibrated([3.7], [0]) == [None]

@@ -456,9 +456,12 @@ class ReviewAgent:
                 answer.counts["expected_stars"] += value is not None
                 answer.counts["expected_stars_not_calibrated"] += value is not None and mapped is None
         else:
-            llm_stars = [a.stars if a.stars is not None and 1 <= a.stars <= 5 else None for a in answers]
+            raw = llm_stars = [
+                a.stars if a.stars is not None and 1 <= a.stars <= 5 else None for a in answers
+            ]
         if self.config.kind == "tuned":  # calibrated stars, blended with the LLM's where validation says so
-            stars, names = self.stars.predict(users, items, moments, llm_stars=llm_stars)
+            # the star model calibrates expected stars itself, as it did on validation: given them raw
+            stars, names = self.stars.predict(users, items, moments, llm_stars=raw)
         else:  # the LLM's own stars; calibrated ones only where the LLM gave none in range
             calibrated, calibrated_names = self.stars.predict(users, items, moments)
             stars = [s if s is not None else c for s, c in zip(llm_stars, calibrated, strict=True)]

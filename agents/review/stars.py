@@ -335,6 +335,7 @@ class StarModel:
         del predicted
         self.blend: GroupedChoice | None = None
         self.calibration: TimedIsotonic | None = None
+        self.calibrate_llm = False  # the LLM's stars are expected values: never used uncalibrated
         self.min_blend, self.min_calibration = min_blend, min_calibration
         self.report = {
             "validation_reviews": len(rows),
@@ -355,6 +356,7 @@ class StarModel:
         ``calibrate``: the stars are expected values, mapped by the time-aware isotonic fit first (the
         module docstring); reviews with too few older ones to calibrate on are left out, counted."""
         h = self.history
+        self.calibrate_llm = calibrate
         keep = [k for k, r in enumerate(self.validation_rows) if str(h.review_ids[r]) in answers]
         self.report["llm_validation_stars"] = len(keep)
         if not keep:
@@ -394,9 +396,9 @@ class StarModel:
 
     def calibrated(self, values: list[float | None], times: list[int]) -> list[float | None]:
         """The LLM's expected stars as of each moment through the calibration (None where there is no
-        value or too few older reviews to calibrate on); as they are without a calibration."""
+        value or too few older reviews to calibrate on); as they are when they need none (greedy)."""
         if self.calibration is None:
-            return list(values)
+            return [None] * len(values) if self.calibrate_llm else list(values)
         mapped = self.calibration.at(values, times)
         return [None if v is None or np.isnan(m) else float(m) for v, m in zip(values, mapped, strict=True)]
 
