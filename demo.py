@@ -8,9 +8,11 @@
    draw validation tasks like them from before them (each of those users' previous review);
 3. build leakage-proof training pairs from the rest (data_prep.pairs: neither folder's reviews are
    targets) and fine-tune a LoRA adapter on SmolLM2-135M-Instruct on the CPU (train.sft,
-   configs/sft/smollm2_cpu.yaml), writing its loss curve;
-4. simulate the 50 held-out tasks with four agents (stats, stats-mbr, tuned, tuned-mbr; the MBR agents'
-   selection chosen on the validation tasks) and three model-free baselines, score everything with the
+   configs/sft/smollm2_cpu.yaml), scoring its greedy answers with the task's metric at step 0 and at every
+   evaluation beside the copy baseline, keeping the best checkpoint, writing the curve;
+4. simulate the 50 held-out tasks with four agents (stats and stats-mbr, which copy real reviews; tuned
+   and tuned-write, whose reviews the model writes; stats-mbr's choice and tuned-write's utility chosen on
+   the validation tasks) and three model-free baselines, score everything with the
    offline evaluator and its fidelity report, print the comparison table and write its chart (eval.suite).
    The same agents on a temporal split (later reviews) are in bench/README.md, which it points to.
 
@@ -100,10 +102,21 @@ def main() -> None:
     print(
         f"train loss {losses[0]:.3f} -> {losses[-1]:.3f}; validation loss {' -> '.join(f'{x:.3f}' for x in evals)}"
     )
-    print(f"adapter, tokenizer, model card: {adapter}; loss curve: {adapter / 'loss.png'}")
+    curve = [h for h in trainer.state.log_history if "eval_task_overall" in h]
+    if curve:
+        print(
+            "task metric of the greedy answer on validation pairs (overall / RG), by step: "
+            + ", ".join(
+                f"{h['step']}: {h['eval_task_overall']:.4f} / {h['eval_task_review_generation']:.4f}"
+                for h in curve
+            )
+            + f"; copy baseline {curve[0]['eval_copy_overall']:.4f} / {curve[0]['eval_copy_review_generation']:.4f}; "
+            f"kept {trainer.state.best_model_checkpoint}"
+        )
+    print(f"adapter, tokenizer, model card: {adapter}; loss and task-metric curves: {adapter / 'loss.png'}")
 
     print("\n=== 4. simulate the 50 held-out tasks with four agents and score them (offline evaluator)")
-    kinds = ("stats", "stats-mbr", "tuned", "tuned-mbr")
+    kinds = ("stats", "stats-mbr", "tuned", "tuned-write")
     suite.run_suite(
         data, tasks, out / "suite" / "amazon", adapter, kinds, overwrite=True, validation=validation
     )

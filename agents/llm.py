@@ -134,6 +134,14 @@ class Constraint:
         return Constraint("answer", max_chars=max_chars)
 
     @staticmethod
+    def review(max_chars: int = 400) -> Constraint:
+        """The rest of an answer whose stars were given (data_prep.prompt.answer_beginning): one line of
+        review text."""
+        if max_chars < 1:
+            raise ValueError("the review needs room for at least one character")
+        return Constraint("review", max_chars=max_chars)
+
+    @staticmethod
     def json(schema: dict) -> Constraint:
         """A JSON schema, kept in the order it is written: decoding writes its properties in that order."""
         if not isinstance(schema, dict) or not schema:
@@ -160,6 +168,8 @@ class Constraint:
 
     def regex(self) -> str:
         """The answer format as a regular expression."""
+        if self.kind == "review":
+            return f"[^\\n]{{1,{self.max_chars}}}"
         if self.kind != "answer":
             raise ValueError(f"a {self.kind} constraint is not a regular expression")
         return f"stars: [1-5]\\nreview: [^\\n]{{1,{self.max_chars}}}"
@@ -168,7 +178,7 @@ class Constraint:
         """The constraint as an llguidance grammar."""
         import llguidance
 
-        if self.kind == "answer":
+        if self.kind in ("answer", "review"):
             return llguidance.LLMatcher.grammar_from_regex(self.regex())
         if self.kind == "choice":
             return llguidance.grammar_from("choice", json.dumps(list(self.options)))
@@ -186,6 +196,9 @@ class Constraint:
                 "review": {"type": "string", "minLength": 1, "maxLength": self.max_chars},
             }
             required = ["stars", "review"]
+        elif self.kind == "review":
+            properties = {"review": {"type": "string", "minLength": 1, "maxLength": self.max_chars}}
+            required = ["review"]
         else:
             properties, required = {"choice": {"type": "string", "enum": list(self.options)}}, ["choice"]
         return {
@@ -225,6 +238,8 @@ class Constraint:
             return text
         if self.kind == "answer":
             return f"stars: {value.get('stars')}\nreview: {value.get('review')}"
+        if self.kind == "review":
+            return f" {value.get('review')}"
         return str(value.get("choice"))
 
 
@@ -279,6 +294,15 @@ def refuse_missing_controls(backend, sampling: Sampling) -> None:
             f"the {name} backend cannot apply {', '.join(missing)} (it applies "
             f"{', '.join(backend.decoding_controls) or 'none'}): leave it neutral for this backend"
         )
+
+
+def continues_answer(conversations: list[list[dict]]) -> bool:
+    """Whether the conversations give their answers' beginning (an assistant message last, which the
+    model continues: data_prep.prompt.render_prompt); all of one call alike."""
+    begun = {bool(c) and c[-1]["role"] == "assistant" for c in conversations}
+    if len(begun) > 1:
+        raise ValueError("in one call either every conversation gives its answer's beginning or none does")
+    return begun == {True}
 
 
 def normalise(logprobs: list[float]) -> list[float]:
@@ -401,7 +425,7 @@ class LLMConfig:
     max_retries: int = 5
     # openai: which decoding fields the server takes: standard (the OpenAI API's) or vllm (also
     # repetition_penalty, top_k and min_p, sent in full so `vllm serve` cannot fill in the model's own
-    # defaults, and continue_final_message for choices read after an answer's beginning)
+    # defaults, and continue_final_message for an answer whose beginning is given)
     decoding_fields: str = "standard"
     # openai: the served model's tokenizer (hub id, folder or offline alias), so prompts are fitted to
     # prompt_tokens exactly as the training pairs were; without it prompts are not fitted (a warning)
@@ -836,7 +860,15 @@ class VLLMBackend:
             )
             for i in range(len(conversations))
         ]
-        outputs = self.engine.chat(conversations, params, lora_request=self.lora, use_tqdm=False)
+        begun = continues_answer(conversations)  # each continues its given answer beginning
+        outputs = self.engine.chat(
+            conversations,
+            params,
+            lora_request=self.lora,
+            use_tqdm=False,
+            add_generation_prompt=not begun,
+            continue_final_message=begun,
+        )
         return [
             Answer(
                 o.outputs[0].text,
@@ -967,6 +999,13 @@ class OpenAIBackend:
                 "top_k": -1,
                 "min_p": 0.0,
             }
+        if continues_answer([conversation]):
+            if self.fields != "vllm":
+                raise ValueError(
+                    "this conversation gives the answer's beginning (an assistant message last), which only "
+                    "vLLM's server continues: set decoding_fields: vllm, or do not decide the stars first"
+                )
+            request["extra_body"] |= {"continue_final_message": True, "add_generation_prompt": False}
         return request
 
     def _one(

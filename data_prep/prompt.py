@@ -10,6 +10,7 @@ the held-out review, so they are left out; averages over the shown reviews are g
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -226,8 +227,19 @@ def converse_response_prompt(
 
 
 def render_prompt(tokenizer, messages: list[dict]) -> str:
-    """The exact text the model sees: the tokenizer's chat template with the generation prompt."""
+    """The exact text the model sees: the tokenizer's chat template with the generation prompt. A
+    conversation that ends with an assistant message gives the answer's beginning: the model continues
+    it (the chat template's ``continue_final_message``), so its answer is what comes after."""
+    if messages and messages[-1]["role"] == "assistant":
+        return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def answer_beginning(stars: float) -> str:
+    """The answer's beginning when the stars are decided first: the renderer's format up to the review,
+    which the model then writes (in training the review follows the real stars the same way). The
+    stars are written as the whole number nearest the decided ones, as the format writes them."""
+    return f"stars: {_stars(min(5.0, max(1.0, math.floor(stars + 0.5))))}\nreview:"
 
 
 def training_prompt(tokenizer, messages: list[dict]) -> str:

@@ -78,7 +78,7 @@ class PipelineEmotion:
 @dataclass
 class Scorers:
     sentiment: VaderSentiment
-    emotion: PipelineEmotion | object  # or emotion_standin.StandInEmotion
+    emotion: PipelineEmotion | object  # or agents.emotion.StandInEmotion
     topic: SentenceEncoder
 
     @property
@@ -119,7 +119,7 @@ def build_scorers(
             EMOTION_MODEL, revision=EMOTION_REVISION, device=device, batch_size=batch_size, exact=True
         )
     else:
-        from eval.emotion_standin import StandInEmotion
+        from agents.emotion import StandInEmotion
 
         emotion = StandInEmotion(topic if not topic_model else packaged_minilm(device, batch_size))
     return Scorers(sentiment, emotion, topic)

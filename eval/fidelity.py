@@ -10,8 +10,11 @@ raises the metric by writing generic, metric-shaped text (or by copying) shows i
 - ``vocabulary_overlap``: |words used by both| / |words used by either| (Jaccard of the vocabularies).
 - ``repeated_share``: predictions whose text (whitespace-normalised, case-folded) equals another
   prediction's.
-- ``copied_share``: predictions that equal a review of the store verbatim (only with a store: the
-  reviews it shows, task pairs blocked); None without one.
+- ``looping_share``: predictions that repeat a 4-word span of their own (a text stuck in a loop), beside
+  the same share of the real reviews (``real_looping_share``).
+- ``copied_share``: predictions that share an 8-word span with a review of the store (only with a store:
+  the reviews it shows, task pairs blocked; a prediction shorter than 8 words counts when it equals a
+  review); None without one.
 
 Words are ``\\w+`` runs, lower-cased.
 """
@@ -25,6 +28,8 @@ import numpy as np
 from scipy.stats import ks_2samp, wasserstein_distance
 
 from agents.text import distinct, normalise, repeats_ngram, words  # noqa: F401 (re-exported)
+
+COPY_WORDS = 8  # agents.review.write keeps its candidates from copying this many words of an older review
 
 
 def fidelity(
@@ -59,7 +64,16 @@ def fidelity(
         "repeated_share": round(sum(seen[normalise(t)] > 1 for t in pred_texts) / len(pred_texts), 4),
         "copied_share": None,
     }
+    out["looping_share"] = round(float(np.mean([repeats_ngram(w, 4) for w in pred_words])), 4)
+    out["real_looping_share"] = round(float(np.mean([repeats_ngram(w, 4) for w in true_words])), 4)
     if store_texts is not None:
-        known = {normalise(t) for t in store_texts}
-        out["copied_share"] = round(sum(normalise(t) in known for t in pred_texts) / len(pred_texts), 4)
+        store_words = [words(t) for t in store_texts]
+        known = {normalise(" ".join(w)) for w in store_words}
+        spans = {tuple(w[i : i + COPY_WORDS]) for w in store_words for i in range(len(w) - COPY_WORDS + 1)}
+        copied = [
+            any(tuple(w[i : i + COPY_WORDS]) in spans for i in range(len(w) - COPY_WORDS + 1))
+            or normalise(" ".join(w)) in known
+            for w in pred_words
+        ]
+        out["copied_share"] = round(sum(copied) / len(pred_texts), 4)
     return out

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-EMOTION_LABELS = ("joy", "optimism", "anger", "sadness")  # the official classifier's config order
+from agents.emotion import EMOTION_LABELS  # noqa: F401 (the official classifier's label order)
+
 EMOTION_CHARS = 300  # the official evaluator cuts both texts to this many characters for emotion
 STAR_RANGE = (0.0, 5.0)
 

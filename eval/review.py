@@ -262,18 +262,19 @@ def compare(
         sys.exit("error: --names needs one name per result file")
     head = (
         "| run | n | PE | RG | overall | sentiment err | emotion err | topic err | stars W1 | length KS | "
-        "distinct-2 (real) | repeated | copied | new items | visibility | scorers |"
+        "distinct-2 (real) | repeated | looping (real) | copied 8 words | new items | visibility | scorers |"
     )
-    rows = [head, "|" + "---|" * 16]
+    rows = [head, "|" + "---|" * 17]
     for name, r in zip(names, results, strict=True):
         exact = "exact" if r["scorers"]["all_exact"] else "stand-in parts"
         f = r.get("fidelity")  # result files written before the fidelity report have none
         share = lambda v: "–" if v is None else f"{v:.1%}"  # noqa: E731
         fid = (
             f"{f['star_wasserstein']:.3f} | {f['length_ks']:.3f} | {f['distinct_2']:.3f} ({f['real_distinct_2']:.3f}) | "
-            f"{share(f['repeated_share'])} | {share(f['copied_share'])}"
+            f"{share(f['repeated_share'])} | {share(f.get('looping_share'))} ({share(f.get('real_looping_share'))}) | "
+            f"{share(f['copied_share'])}"
             if f
-            else "– | – | – | – | –"
+            else "– | – | – | – | – | –"
         )
         fresh = r["counts"].get("new_items")  # tasks whose item had no older review (needs --data)
         fresh = "–" if fresh is None else f"{fresh / max(r['n'], 1):.0%}"

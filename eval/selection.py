@@ -51,6 +51,7 @@ from scipy.stats import binomtest, norm
 
 from agents.encoders import packaged_minilm
 from agents.retrieval import Retriever
+from agents.review import write as write_utility
 from agents.review.select import (
     CENTROID,
     POOLS,
@@ -266,6 +267,85 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     }
 
 
+# tuned-write (--utility): the weightings of agents.review.write's features that compete, each a named
+# option; "greedy" (every weight 0: the first eligible candidate, the greedy answer unless it copies or
+# loops) is what the others must beat
+UTILITIES = {
+    "greedy": {"consensus": 0.0},
+    "consensus": {"consensus": 1.0},
+    "sentiment": {"sentiment": 1.0},
+    "topic": {"user_topic": 1.0, "item_topic": 1.0},
+    "emotion": {"user_emotion": 1.0, "item_emotion": 1.0},
+    "all": dict.fromkeys(write_utility.FEATURES, 1.0),
+    "all, sentiment x4": {**dict.fromkeys(write_utility.FEATURES, 1.0), "sentiment": 4.0},
+}
+
+
+def choose_utility(run: Path, task_dir: Path, backend: str = "offline") -> dict:
+    """tuned-write's utility weights, on its run over a validation folder: each weighting of UTILITIES
+    rechooses every pool from the features the agent kept (no model call), its choices are scored
+    against the real reviews (review generation), and ``greedy`` stands unless another weighting beats it
+    by decide()'s paired margin (Bonferroni over the others). The tasks whose target the adapter trained
+    on are left out, as for choose_rule."""
+    rows = sorted(
+        (json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines() if line.strip()),
+        key=lambda r: r["task_id"],
+    )
+    if not rows or any(not r.get("candidates") or "features" not in r["candidates"][0] for r in rows):
+        raise SystemExit(
+            f"error: {run}/predictions.jsonl has no written pools with features (kind tuned-write)"
+        )
+    inputs = json.loads((run / "fingerprint.json").read_text())["inputs"]
+    if inputs.get("tasks") != task_folder_digest(task_dir):
+        raise SystemExit(f"error: {run} was not run on {task_dir} (another task folder's digest)")
+    if json.loads((task_dir / "manifest.json").read_text()).get("strategy") != "validation":
+        raise SystemExit(f"error: {task_dir} is not a validation folder (data_prep.split --validation-for)")
+    targets = read_targets(task_dir)
+    trained = trained_on(run)
+    left_out = [r["task_id"] for r in rows if targets[r["task_id"]]["review_id"] in trained]
+    rows = [r for r in rows if r["task_id"] not in set(left_out)]
+    scores = candidate_scores(rows, task_dir, backend)
+    per_option = {}
+    for name, weights in UTILITIES.items():
+        picks = []
+        for r in rows:
+            values = {k: [c["features"][k] for c in r["candidates"]] for k in write_utility.FEATURES}
+            eligible = [not (c["copied"] or c["loops"]) for c in r["candidates"]]
+            picks.append(write_utility.choose(values, weights, eligible))
+        per_option[name] = np.array([s[k] for s, k in zip(scores, picks, strict=True)])
+    decision = decide(per_option, against="greedy")
+    return {
+        "utility": UTILITIES[decision["chosen"]],
+        "chosen": decision["chosen"],
+        "validation": decision,
+        "rule": "greedy (the first eligible written review) unless a weighting's paired gain in review "
+        f"generation has a one-sided {1 - ALPHA:.0%} lower bound above zero and an exact sign test rejects "
+        f"at that level (Bonferroni over the weightings), on >= {MIN_TASKS} tasks; then the highest mean",
+        "chosen_for": chosen_for(inputs),
+        "validation_tasks_digest": inputs.get("tasks"),
+        "validation_tasks": len(rows),
+        "left_out_adapter_trained": len(left_out),
+        "backend": backend,
+    }
+
+
+def utility_table(report: dict) -> str:
+    v = report["validation"]
+    lines = [
+        f"tuned-write's utility on {v['tasks']} validation tasks: chosen **{v['chosen']}** "
+        f"({json.dumps(report['utility'])})",
+        "",
+        "| weighting | RG | gain over greedy | one-sided lower bound | tasks differing (gains) | sign-test p |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, o in sorted(v["options"].items(), key=lambda kv: -(kv[1]["mean"] or 0)):
+        lines.append(
+            f"| {name} | {o['mean']:.4f} | {o['gain']:+.4f} | {o['lower']:+.4f} | {o['differ']} ({o['wins']}) "
+            f"| {o['sign_p']:.3g} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def table(report: dict) -> str:
     lines = []
     titles = ("the real reviews against centroid", "the model's candidates against stage 1's choice")
@@ -294,7 +374,7 @@ def write(report: dict, out: Path, run: Path, task_dir: Path) -> Path:
     folders are, so a run that reads it resumes); which run and folder, and when, are in provenance.json."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "rule.json").write_text(json.dumps(report, indent=2))
-    (out / "rule.md").write_text(table(report))
+    (out / "rule.md").write_text(utility_table(report) if "utility" in report else table(report))
     where = {"run": str(run), "tasks": str(task_dir), **provenance()}
     (out / "provenance.json").write_text(json.dumps(where, indent=2))
     return out / "rule.json"
@@ -309,7 +389,15 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--tasks", type=Path, required=True, help="the validation folder it ran on")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backend", choices=["offline", "official"], default="offline")
+    parser.add_argument(
+        "--utility", action="store_true", help="a tuned-write run: choose its utility's weights (UTILITIES)"
+    )
     args = parser.parse_args(argv)
+    if args.utility:
+        report = choose_utility(args.run, args.tasks, args.backend)
+        path = write(report, args.out, args.run, args.tasks)
+        print(utility_table(report) + f"-> {path}")
+        return path
     report = choose_rule(args.run, args.data, args.tasks, args.backend)
     path = write(report, args.out, args.run, args.tasks)
     print(table(report) + f"-> {path}")

@@ -54,7 +54,7 @@ from data_prep.paths import REPO_ROOT
 from eval import baselines, review, selection, tracking
 from eval.metrics import paired_bootstrap
 
-KINDS = ("stats", "stats-mbr", "asc-baseline", "retrieval-llm", "tuned", "tuned-mbr")
+KINDS = ("stats", "stats-mbr", "asc-baseline", "retrieval-llm", "tuned", "tuned-mbr", "tuned-write")
 DEFAULT_KINDS = KINDS  # tuned-mbr: what won on the held-out tasks (bench/README.md, issue 13)
 CONFIGS = REPO_ROOT / "configs" / "agents"
 ANSWER_CACHE = "answers.sqlite"  # in OUT: the LLM agents' greedy answers (agents.llm, answer_cache)
@@ -72,6 +72,12 @@ CLAIMS = (
     ("tuned-mbr", "stats-mbr", "review_generation"),
     ("tuned-mbr", "stats-mbr", "overall"),
     ("tuned-mbr", "user-mean", "overall"),
+    ("tuned-write", "nearest-centroid", "review_generation"),
+    ("tuned-write", "nearest-centroid", "overall"),
+    ("tuned-write", "stats-mbr", "overall"),
+    ("tuned-write", "stats", "overall"),
+    ("tuned-write", "user-mean", "overall"),
+    ("tuned-write", "tuned", "review_generation"),
     ("stats-mbr", "stats", "review_generation"),
     ("stats-mbr", "nearest-centroid", "overall"),
     ("tuned", "user-mean", "overall"),
@@ -113,7 +119,11 @@ def agents_table(runs: dict[str, Path]) -> str:
                 "whose user has older reviews show none of them"
             )
         rule = s.get("selection_rule")
-        if rule:
+        if rule and "utility" in rule:
+            notes.append(
+                f"{name}: written reviews chosen by the utility weights chosen on validation: {rule['utility']}"
+            )
+        elif rule:
             chosen = "; ".join(
                 f"{group}: {option_name(r['pool'], r.get('sentiment_weight'))}"
                 f" ({rule['validation'][group]['tasks']} validation tasks)"
@@ -211,7 +221,7 @@ def run_suite(
     plugins: tuple[str, ...] = (),
     validation: Path | None = None,
 ) -> tuple[str, str, str]:
-    if {"tuned", "tuned-mbr"} & set(kinds) and adapter is None:
+    if {"tuned", "tuned-mbr", "tuned-write"} & set(kinds) and adapter is None:
         raise SystemExit("error: the tuned agent needs --adapter (a train.sft output folder)")
     if validation is not None:
         check_validation(validation, tasks)
@@ -249,7 +259,10 @@ def run_suite(
             print(f"\n--- {kind} on the validation tasks {validation}: choosing its selection rule")
             on_validation = out / "validation" / "sim" / kind
             simulate.main([*agent, "--tasks", str(validation), "--out", str(on_validation)])
-            report = selection.choose_rule(on_validation, data, validation, backend)
+            if kind == "tuned-write":
+                report = selection.choose_utility(on_validation, validation, backend)
+            else:
+                report = selection.choose_rule(on_validation, data, validation, backend)
             rule = selection.write(report, out / "validation" / kind, on_validation, validation)
             agent += ["--selection_rule", str(rule)]
         simulate.main([*agent, "--tasks", str(tasks), "--out", str(run)])
@@ -314,7 +327,8 @@ def tasks_line(tasks: Path) -> str:
 
 def uses_selection(kind: str) -> bool:
     """Whether the kind's config chooses its review by MBR (so a selection rule applies)."""
-    return yaml.safe_load((CONFIGS / f"{kind}.yaml").read_text()).get("selection") == "mbr"
+    config = yaml.safe_load((CONFIGS / f"{kind}.yaml").read_text())
+    return config.get("selection") == "mbr" or config.get("kind") == "tuned-write"
 
 
 def check_validation(validation: Path, tasks: Path) -> None:

@@ -889,7 +889,15 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
         def get_tokenizer(self):
             return "the engine's tokenizer"
 
-        def chat(self, conversations, params, lora_request=None, use_tqdm=True):
+        def chat(
+            self,
+            conversations,
+            params,
+            lora_request=None,
+            use_tqdm=True,
+            add_generation_prompt=True,
+            continue_final_message=False,
+        ):
             seen.update(params=params, lora=lora_request)
 
             def reply(c):  # an answer ending in "..." stands for one cut at max_tokens

@@ -61,6 +61,22 @@ class RecipeArguments:
     sample_generations: int = field(
         default=4, metadata={"help": "validation examples generated at each evaluation"}
     )
+    task_metric: str | None = field(
+        default=None,
+        metadata={
+            "help": "the task's own metric at step 0 and at every evaluation, by import path module:function "
+            "(eval.training:review_task_metric for review pairs); the best checkpoint is kept by it when the "
+            "recipe says metric_for_best_model"
+        },
+    )
+    task_examples: int = field(default=16, metadata={"help": "validation pairs the task metric answers"})
+    task_max_new_tokens: int = field(default=128, metadata={"help": "the task metric's answer length cap"})
+    early_stopping_patience: int = field(
+        default=0,
+        metadata={
+            "help": "stop after this many evaluations without a better metric_for_best_model (0: never)"
+        },
+    )
     wandb_project: str = field(default="usersim")
     overwrite: bool = field(
         default=False,
@@ -412,13 +428,47 @@ def check_one_process_sees_one_gpu(training_args) -> None:
         )
 
 
-def make_callback(sampler: SampleGenerations):
+def load_task_metric(recipe: RecipeArguments, tokenizer, output_dir: str):
+    """The recipe's task metric (``task_metric: module:function``), built on ``task_examples`` validation
+    pairs spread over the file; None when the recipe names none. Loaded by import path: train never
+    imports the evaluator."""
+    import importlib
+
+    if not recipe.task_metric:
+        return None
+    module, _, name = recipe.task_metric.partition(":")
+    if not name:
+        raise SystemExit(f"error: task_metric {recipe.task_metric!r} is not module:function")
+    factory = getattr(importlib.import_module(module), name)
+    lines = (Path(recipe.pairs) / "validation.jsonl").read_text().splitlines()
+    rows = [json.loads(lines[i]) for i in spread(len(lines), recipe.task_examples)]
+    for row in rows:
+        row["rendered"] = training_prompt(tokenizer, row["prompt"])
+    return factory(recipe.pairs, rows, output_dir, recipe.task_max_new_tokens)
+
+
+def make_callback(sampler: SampleGenerations, task_metric=None, tokenizer=None):
     from transformers import TrainerCallback
 
     class Callback(TrainerCallback):
-        def on_evaluate(self, args, state, control, model=None, **kwargs):
+        kept_metric = task_metric  # write_card asks it for the curve and the paired comparisons
+
+        def on_evaluate(self, args, state, control, model=None, metrics=None, **kwargs):
             if model is not None and sampler.examples:  # on every rank (see SampleGenerations)
                 sampler(model, state.global_step, write=state.is_world_process_zero)
+            if model is not None and task_metric is not None:  # every rank: the same pairs, the same verdict
+                found = task_metric(model, tokenizer, state.global_step, write=state.is_world_process_zero)
+                record = {f"eval_{k}": v for k, v in found.items()}
+                if metrics is not None:  # what the Trainer keeps the best checkpoint by
+                    metrics.update(record)
+                state.log_history.append({**record, "step": state.global_step})
+                try:
+                    import wandb
+
+                    if wandb.run is not None:
+                        wandb.log(record, commit=False)
+                except ImportError:
+                    pass
 
         def on_save(self, args, state, control, model=None, **kwargs):
             if state.is_world_process_zero and model is not None:
@@ -473,6 +523,7 @@ def write_card(
     trainer,
     wandb: dict,
     resumed_from_step: int,
+    task_summary: dict | None = None,
 ) -> None:
     import matplotlib
 
@@ -482,7 +533,9 @@ def write_card(
     history = trainer.state.log_history
     train_points = [(h["step"], h["loss"]) for h in history if "loss" in h]
     eval_points = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    task_points = [h for h in history if "eval_task_overall" in h]
+    fig, axes = plt.subplots(1, 2 if task_points else 1, figsize=(11 if task_points else 6, 3.5))
+    ax = axes[0] if task_points else axes
     if train_points:
         ax.plot(*zip(*train_points, strict=True), label="train")
     if eval_points:
@@ -490,6 +543,17 @@ def write_card(
     ax.set_xlabel("step")
     ax.set_ylabel("loss (completion tokens)")
     ax.legend()
+    if task_points:  # the task's own metric on validation pairs, beside the copy baseline's
+        steps = [h["step"] for h in task_points]
+        for name, colour in (("overall", "C0"), ("review_generation", "C1"), ("preference_estimation", "C2")):
+            axes[1].plot(steps, [h[f"eval_task_{name}"] for h in task_points], "o-", color=colour, label=name)
+            axes[1].axhline(task_points[0][f"eval_copy_{name}"], color=colour, ls=":", lw=1)
+        if task_summary and "kept_step" in task_summary:
+            axes[1].axvline(task_summary["kept_step"], color="grey", lw=1)
+        axes[1].set_xlabel("step (grey: the kept checkpoint)")
+        axes[1].set_ylabel("greedy answer on validation pairs")
+        axes[1].set_title("dotted: the copy baseline (nearest-centroid review)", fontsize=9)
+        axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(Path(output_dir) / "loss.png", dpi=120)
     plt.close(fig)
@@ -517,6 +581,8 @@ def write_card(
         "final_train_loss": train_points[-1][1] if train_points else None,
         "train_losses": [loss for _, loss in train_points],
         "final_eval_loss": eval_points[-1][1] if eval_points else None,
+        "best_checkpoint": trainer.state.best_model_checkpoint,
+        "task_metric": task_summary,
         "wandb": wandb,
         "provenance": provenance(
             ["torch", "transformers", "trl", "peft", "accelerate", "datasets", "bitsandbytes"]
@@ -540,7 +606,7 @@ def write_card(
         yaml.safe_dump(json.loads(json.dumps(recipe_dump, default=str)), sort_keys=False).strip(),
         "```",
         "",
-        "Loss curve: loss.png. Full record: training_card.json.",
+        "Loss curve and the task metric beside the copy baseline: loss.png. Full record: training_card.json.",
     ]
     (Path(output_dir) / "README.md").write_text("\n".join(text) + "\n")
 
@@ -667,6 +733,12 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
         [data["validation"][i] for i in spread(len(data["validation"]), recipe.sample_generations)],
         training_args.output_dir,
     )
+    task_metric = load_task_metric(recipe, tokenizer, training_args.output_dir)
+    own = [make_callback(sampler, task_metric, tokenizer)]
+    if recipe.early_stopping_patience:
+        from transformers import EarlyStoppingCallback
+
+        own.append(EarlyStoppingCallback(recipe.early_stopping_patience))
     trainer = SFTTrainer(
         model=model,
         args=training_args,
@@ -674,7 +746,7 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
         eval_dataset=data["validation"] if training_args.eval_strategy != "no" else None,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
-        callbacks=[make_callback(sampler), *(callbacks or [])],
+        callbacks=[*own, *(callbacks or [])],
     )
     if os.environ.get(STOP_FILE):
         trainer.add_callback(stop_callback(os.environ[STOP_FILE]))
@@ -731,8 +803,22 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
         generation.pad_token_id = tokenizer.pad_token_id
         generation.save_pretrained(training_args.output_dir)
         start = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
+        metric = next(
+            (c.kept_metric for c in trainer.callback_handler.callbacks if hasattr(c, "kept_metric")), None
+        )
+        best = trainer.state.best_model_checkpoint
+        best_step = int(Path(best).name.split("-")[-1]) if best else None
+        summary = metric.summary(best_step) if metric is not None else None
         write_card(
-            training_args.output_dir, recipe, training_args, model_args, base, trainer, wandb_target, start
+            training_args.output_dir,
+            recipe,
+            training_args,
+            model_args,
+            base,
+            trainer,
+            wandb_target,
+            start,
+            summary,
         )
         write_training_data(training_args.output_dir, recipe)
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]

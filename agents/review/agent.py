@@ -6,6 +6,14 @@ Kinds (all runnable by config, see configs/agents/):
   similar review of the item, the base model, the LLM's own stars.
 - ``retrieval-llm``: the base model with our retrieval prompt (k user + k item reviews), LLM stars.
 - ``tuned``: a LoRA adapter (train.sft) with the retrieval prompt and the calibrated stars.
+- ``tuned-write``: the tuned agent whose review is always one its model wrote: the greedy answer and
+  ``samples`` sampled ones, chosen by a utility of what the agent may see (agents.review.write).
+
+The tuned kinds decide the stars first (calibrated, blended with the LLM's where validation says so)
+and then the model writes the review after them: the answer's beginning "stars: N\nreview:" is given
+(data_prep.prompt.answer_beginning) and the model continues it, as in training, where the review follows
+the real stars. So a review is written for the stars the agent gives. The other LLM kinds write the
+whole answer and their stars are the LLM's.
 
 Every answer is parsed (data_prep.prompt.parse_completion); with ``constrained: true`` the backend makes
 every answer follow the format (agents.llm.Constraint). An unusable one (no stars, stars outside 1-5,
@@ -38,8 +46,9 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.llm import Answer as LLMAnswer
-from agents.llm import Constraint, LLMConfig, Sampling, load_llm, option_probs
+from agents.llm import Constraint, LLMConfig, Sampling, load_llm, option_probs, read_choice
 from agents.retrieval import Retriever
+from agents.review import write
 from agents.review.select import (
     CHOICES,
     SIMILAR,
@@ -50,9 +59,17 @@ from agents.review.select import (
     uses_samples,
 )
 from agents.review.stars import GROUPS, StarModel
-from data_prep.prompt import FittedPrompt, build_messages, describe_item, fit_messages, parse_completion
+from data_prep.prompt import (
+    FittedPrompt,
+    answer_beginning,
+    build_messages,
+    describe_item,
+    fit_messages,
+    parse_completion,
+)
 
-KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned")
+KINDS = ("stats", "asc-baseline", "retrieval-llm", "tuned", "tuned-write")
+TUNED = ("tuned", "tuned-write")  # the kinds that decide the stars first and write the review after them
 # settings that only matter with selection: mbr
 MBR_FIELDS = (
     "samples",
@@ -116,6 +133,19 @@ class AgentConfig:
         default=768, metadata={"help": "prompt budget; oldest shown reviews dropped first"}
     )
     max_new_tokens: int = 160
+    repetition_penalty: float = field(
+        default=1.0, metadata={"help": "every answer and sample: the backend's repetition penalty (1: none)"}
+    )
+    no_repeat_ngram_size: int = field(
+        default=0, metadata={"help": "every answer and sample: no n-gram of this size twice (hf; 0: off)"}
+    )
+    utility_weights: dict = field(
+        default_factory=lambda: {name: 1.0 for name in write.FEATURES},
+        metadata={
+            "help": "tuned-write: the weight of each utility feature (agents.review.write.FEATURES); a "
+            "selection_rule from eval.selection --utility overrides them"
+        },
+    )
     constrained: bool = field(
         default=False,
         metadata={
@@ -266,8 +296,11 @@ class ReviewAgent:
             raise ValueError("item_candidates must be at least 1")
         if config.selection not in ("answer", "mbr") or config.pool not in CHOICES:
             raise ValueError(f"selection is answer or mbr, pool one of {CHOICES}")
-        if config.selection_rule and config.selection != "mbr":
-            raise ValueError("selection_rule is for selection: mbr")
+        self.writes = config.kind == "tuned-write"
+        if self.writes and config.selection != "answer":
+            raise ValueError("tuned-write chooses among its written reviews itself: leave selection out")
+        if config.selection_rule and config.selection != "mbr" and not self.writes:
+            raise ValueError("selection_rule is for selection: mbr or kind tuned-write")
         if config.user_reviews not in ("latest", "relevant"):
             raise ValueError(f"user_reviews is latest or relevant, not {config.user_reviews!r}")
         if config.llm_stars not in ("greedy", "expected"):
@@ -277,14 +310,21 @@ class ReviewAgent:
                 "llm_stars: expected calibrates the LLM's expected stars on validation reviews: set "
                 "blend_fraction > 0 (the share of validation reviews asked), or read them greedy"
             )
-        self.selection_rule = read_rule(config.selection_rule) if config.selection_rule else None
+        self.weights = write.check_weights(config.utility_weights)
+        self.selection_rule = None
+        if (
+            config.selection_rule and self.writes
+        ):  # eval.selection --utility: the weights chosen on validation
+            self.weights = write.check_weights(json.loads(Path(config.selection_rule).read_text())["utility"])
+        elif config.selection_rule:
+            self.selection_rule = read_rule(config.selection_rule)
         chosen = {g["pool"] for g in self.selection_rule["groups"].values()} if self.selection_rule else set()
         if SIMILAR in {config.pool, *chosen} and config.candidates_user < 1:
             raise ValueError(
                 f"{SIMILAR} is the first of the user's retrieved reviews: it needs candidates_user >= 1"
             )
-        if config.selection == "mbr" and encoder is None:
-            raise ValueError("selection: mbr needs the embedding retrieval")
+        if (config.selection == "mbr" or self.writes) and encoder is None:
+            raise ValueError("selection: mbr and tuned-write need the embedding retrieval")
         if (
             config.selection == "mbr"
             and config.kind == "stats"
@@ -297,14 +337,18 @@ class ReviewAgent:
         self.tokenizer = getattr(self.llm, "tokenizer", None)
         self.stars = StarModel(store.visible_ratings())
         expected = config.llm_stars == "expected" and self.llm is not None
-        if self.llm is not None and (expected or (config.kind == "tuned" and config.blend_fraction > 0)):
+        if self.llm is not None and (expected or (config.kind in TUNED and config.blend_fraction > 0)):
             answers = self.llm_validation_stars(llm_config.adapter)
             self.stars.set_llm_validation(answers, calibrate=expected)
-        if config.selection == "mbr":
+        if config.selection == "mbr" or self.writes:
             from agents.encoders import VaderSentiment
 
             self.vader = VaderSentiment(offline=True)
             self.sentiment = SentimentByStars.from_store(store)
+        if self.writes:
+            from agents.emotion import StandInEmotion
+
+            self.emotion = StandInEmotion(encoder)
 
     def llm_validation_stars(self, adapter: str | None) -> dict[str, float]:
         """The LLM's stars for the drawn validation reviews that its adapter did not train on, each
@@ -331,8 +375,8 @@ class ReviewAgent:
         for start in tqdm(range(0, len(tasks), self.config.batch_size), desc="LLM stars for the blend"):
             batch = tasks[start : start + self.config.batch_size]
             contexts = self.contexts(batch)
-            if self.config.llm_stars == "expected":  # no answer written: the stars' probabilities only
-                values = self.expected_stars(contexts)
+            if self.config.llm_stars == "expected" or self.config.kind in TUNED:  # probabilities only
+                values = self.llm_star_reads(contexts)
                 answered.update(
                     (t["task_id"], v) for t, v in zip(batch, values, strict=True) if v is not None
                 )
@@ -448,21 +492,21 @@ class ReviewAgent:
             if self.config.selection == "mbr":  # among retrieved real reviews only (no LLM)
                 self.select(tasks, contexts, out)
             return out
-        answers = self.ask(contexts)
-        if self.config.llm_stars == "expected":
-            raw = self.expected_stars(contexts)
-            llm_stars = self.stars.calibrated(raw, moments)
-            for answer, value, mapped in zip(answers, raw, llm_stars, strict=True):
-                answer.counts["expected_stars"] += value is not None
-                answer.counts["expected_stars_not_calibrated"] += value is not None and mapped is None
-        else:
-            raw = llm_stars = [
-                a.stars if a.stars is not None and 1 <= a.stars <= 5 else None for a in answers
-            ]
-        if self.config.kind == "tuned":  # calibrated stars, blended with the LLM's where validation says so
-            # the star model calibrates expected stars itself, as it did on validation: given them raw
-            stars, names = self.stars.predict(users, items, moments, llm_stars=raw)
+        if self.config.kind in TUNED:  # the stars first, then the review written after them
+            stars, names, reads = self.decide_stars(contexts, users, items, moments)
+            answers = self.ask(contexts, stars=stars)
+            for answer, read in zip(answers, reads, strict=True):
+                answer.counts.update(read)
         else:  # the LLM's own stars; calibrated ones only where the LLM gave none in range
+            answers = self.ask(contexts)
+            if self.config.llm_stars == "expected":
+                raw = self.llm_star_reads(contexts)
+                llm_stars = self.stars.calibrated(raw, moments)
+                for answer, value, mapped in zip(answers, raw, llm_stars, strict=True):
+                    answer.counts["expected_stars"] += value is not None
+                    answer.counts["expected_stars_not_calibrated"] += value is not None and mapped is None
+            else:
+                llm_stars = [a.stars if a.stars is not None and 1 <= a.stars <= 5 else None for a in answers]
             calibrated, calibrated_names = self.stars.predict(users, items, moments)
             stars = [s if s is not None else c for s, c in zip(llm_stars, calibrated, strict=True)]
             names = [None if s is not None else n for s, n in zip(llm_stars, calibrated_names, strict=True)]
@@ -493,21 +537,71 @@ class ReviewAgent:
             )
         if self.config.selection == "mbr":
             self.select(tasks, contexts, out)
+        if self.writes:
+            self.choose_written(tasks, contexts, out)
         return out
 
+    def decide_stars(
+        self, contexts: list[dict], users: list[str], items: list[str], moments: list[int]
+    ) -> tuple[list[float], list[str], list[Counter]]:
+        """The tuned kinds' stars, before any text: the calibrated ones, blended with the LLM's (read from
+        its probabilities after "stars: ", greedy or expected) where validation chose a blend. The LLM is
+        read only for the tasks whose blend would use it. Returns stars, their names, per-task counts."""
+        raw: list[float | None] = [None] * len(contexts)
+        reads = [Counter() for _ in contexts]
+        wanted = [i for i, o in enumerate(self.stars.blend_options(items, moments)) if o != "model"]
+        if wanted:
+            values = self.llm_star_reads([contexts[i] for i in wanted])
+            for i, value in zip(wanted, values, strict=True):
+                raw[i] = value
+                reads[i]["llm_stars_read"] += 1
+                reads[i]["llm_stars_unreadable"] += value is None
+        # the star model calibrates expected stars itself, as it did on validation: given them raw
+        stars, names = self.stars.predict(users, items, moments, llm_stars=raw)
+        return stars, names, reads
+
     # -- candidates and selection ----------------------------------------------------------------------
-    def sample(self, contexts: list[dict]) -> tuple[list[list[str]], list[int]]:
+    def sampling(self, max_new_tokens: int, temperature: float, seed: int) -> Sampling:
+        return Sampling(
+            max_new_tokens,
+            temperature,
+            seed=seed,
+            repetition_penalty=self.config.repetition_penalty,
+            no_repeat_ngram_size=self.config.no_repeat_ngram_size,
+        )
+
+    def conversation(self, messages: list[dict], stars: float | None) -> list[dict]:
+        """The task's messages, and for decided stars the answer's beginning the model continues."""
+        if stars is None:
+            return messages
+        return [*messages, {"role": "assistant", "content": answer_beginning(stars)}]
+
+    def constraint(self, stars_given: bool) -> Constraint | None:
+        if not self.config.constrained:
+            return None
+        chars = self.config.max_review_chars
+        return Constraint.review(chars) if stars_given else Constraint.answer(chars)
+
+    def sample(
+        self, contexts: list[dict], stars: list[float] | None = None
+    ) -> tuple[list[list[str]], list[int]]:
         """``samples`` reviews per context from the LLM at ``sample_temperature`` (unusable ones left
-        out; the caller counts them), and how many of each context's samples hit the length cap."""
+        out; the caller counts them), and how many of each context's samples hit the length cap. With
+        ``stars`` each review is written after its task's decided stars."""
         n = self.config.samples
         if n == 0 or not contexts:
             return [[] for _ in contexts], [0] * len(contexts)
         tokens = self.config.sample_max_new_tokens or self.config.max_new_tokens
-        sampling = Sampling(tokens, self.config.sample_temperature, seed=self.config.seed + 1)
-        constraint = Constraint.answer(self.config.max_review_chars) if self.config.constrained else None
-        conversations = [self.messages(c) for c in contexts for _ in range(n)]
-        answers = self.llm.generate(conversations, sampling, constraint=constraint)
-        reviews = [parse_completion(a.text)[1] for a in answers]
+        sampling = self.sampling(tokens, self.config.sample_temperature, self.config.seed + 1)
+        given = [None] * len(contexts) if stars is None else stars
+        conversations = [
+            self.conversation(self.messages(c), s)
+            for c, s in zip(contexts, given, strict=True)
+            for _ in range(n)
+        ]
+        answers = self.llm.generate(conversations, sampling, constraint=self.constraint(stars is not None))
+        begun = [c[-1]["content"] if stars is not None else "" for c in conversations]
+        reviews = [parse_completion(b + a.text)[1] for b, a in zip(begun, answers, strict=True)]
         cut = [sum(a.cut_short for a in answers[i * n : (i + 1) * n]) for i in range(len(contexts))]
         kept = [
             [r.strip() for r in reviews[i * n : (i + 1) * n] if r and r.strip()] for i in range(len(contexts))
@@ -552,7 +646,8 @@ class ReviewAgent:
         """Give each prediction its pool and the review of least risk among the configured sources.
         Samples are drawn for every task, or under a selection rule only where its choice uses them."""
         wanted = [i for i, ctx in enumerate(contexts) if self.wants_samples(ctx)]
-        drawn_for, cut_for = self.sample([contexts[i] for i in wanted])
+        given = [predictions[i].stars for i in wanted] if self.config.kind in TUNED else None
+        drawn_for, cut_for = self.sample([contexts[i] for i in wanted], given)
         samples, cut = [None] * len(contexts), [0] * len(contexts)
         for i, drawn, n_cut in zip(wanted, drawn_for, cut_for, strict=True):
             samples[i], cut[i] = drawn, n_cut
@@ -595,24 +690,92 @@ class ReviewAgent:
                 p.chosen = 0
             p.review = pool[p.chosen][0]
 
-    def expected_stars(self, contexts: list[dict]) -> list[float | None]:
-        """The LLM's expected stars for each context: the probability of each digit after the answer's
-        beginning "stars: " (the renderer's format), one forward pass per prompt (agents.llm.option_probs)."""
+    def choose_written(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:
+        """tuned-write: each prediction's review is the one of highest utility (agents.review.write) among
+        the model's greedy answer and its ``samples`` sampled ones, all written after the decided stars.
+        The pool is kept with every feature, so eval.selection --utility can choose the weights on
+        validation without asking the model again."""
+        drawn_for, cut_for = self.sample(contexts, [p.stars for p in predictions])
+        pools = []
+        for p, drawn, n_cut in zip(predictions, drawn_for, cut_for, strict=True):
+            p.counts["unusable_samples"] += self.config.samples - len(drawn)
+            p.counts["samples_cut_short"] += n_cut
+            first = "fallback" if p.counts["retrieved_fallback_review"] else "llm"
+            pools.append([(p.review, first), *((text, "sample") for text in drawn)])
+        texts = [t for pool in pools for t, _ in pool]
+        older = [
+            [r["text"] for r in ctx["history"]] + [r["text"] for r in ctx["item_pool"]] for ctx in contexts
+        ]
+        shown = [[r["text"] for r in ctx["user_reviews"] + ctx["item_reviews"]] for ctx in contexts]
+        # the older reviews a utility compares with: the user's and the item's shown in the prompt
+        refs = [t for part in shown for t in part]
+        vectors = self.retriever.embed(texts + refs)
+        emotions = self.emotion([t[:300] for t in texts + refs])
+        compounds = np.round(self.vader(texts), 4)
+        at, ref_at = 0, len(texts)
+        for task, ctx, p, pool, known, seen in zip(
+            tasks, contexts, predictions, pools, older, shown, strict=True
+        ):
+            n, n_user = len(pool), len(ctx["user_reviews"])
+            v, e, c = vectors[at : at + n], emotions[at : at + n], compounds[at : at + n]
+            ref_vectors = vectors[ref_at : ref_at + len(seen)]
+            ref_emotions = emotions[ref_at : ref_at + len(seen)]
+            at, ref_at = at + n, ref_at + len(seen)
+            values = write.features(
+                v,
+                c,
+                e,
+                self.sentiment.expected(p.stars, self.before(task)),
+                ref_vectors[:n_user],
+                ref_vectors[n_user:],
+                ref_emotions[:n_user],
+                ref_emotions[n_user:],
+            )
+            spans = write.copied_spans(known)
+            copied = [write.copies(t, spans) for t, _ in pool]
+            looping = [write.loops(t) for t, _ in pool]
+            p.candidates = [
+                {
+                    "text": t,
+                    "source": src,
+                    "vader": float(x),
+                    "copied": cp,
+                    "loops": lp,
+                    "features": {k: round(float(values[k][j]), 6) for k in write.FEATURES},
+                }
+                for j, ((t, src), x, cp, lp) in enumerate(zip(pool, c, copied, looping, strict=True))
+            ]
+            eligible = [not (cp or lp) for cp, lp in zip(copied, looping, strict=True)]
+            p.counts["written_candidates"] += n
+            p.counts["copied_candidates"] += sum(copied)
+            p.counts["looping_candidates"] += sum(looping)
+            p.counts["no_eligible_candidate"] += not any(eligible)
+            p.chosen = write.choose(values, self.weights, eligible)
+            p.review = pool[p.chosen][0]
+            p.group = self.group(ctx)
+
+    def llm_star_reads(self, contexts: list[dict]) -> list[float | None]:
+        """The LLM's stars for each context from the probability of each digit after the answer's
+        beginning "stars: " (the renderer's format), one forward pass per prompt (agents.llm.option_probs):
+        the expected value (``llm_stars: expected``) or the most likely digit (greedy)."""
         conversations = [self.messages(c) for c in contexts]
         read = option_probs(self.llm, conversations, STAR_DIGITS, seed=self.config.seed, prefix=STARS_PREFIX)
-        return [a.expected for a in read]
+        return [read_choice(a, self.config.llm_stars) for a in read]
 
-    def ask(self, contexts: list[dict]) -> list[TaskAnswer]:
-        """The LLM's answer for each context; an unusable one is asked once more, stricter. Each answer
-        carries its own counts (answers, parse failures, retries, retry successes)."""
-        sampling = Sampling(self.config.max_new_tokens, self.config.temperature, seed=self.config.seed)
-        constraint = Constraint.answer(self.config.max_review_chars) if self.config.constrained else None
+    def ask(self, contexts: list[dict], stars: list[float] | None = None) -> list[TaskAnswer]:
+        """The LLM's answer for each context; an unusable one is asked once more, stricter. With
+        ``stars`` the answer's beginning is given (the decided stars) and the model writes the review.
+        Each answer carries its own counts (answers, parse failures, retries, retry successes)."""
+        sampling = self.sampling(self.config.max_new_tokens, self.config.temperature, self.config.seed)
+        constraint = self.constraint(stars is not None)
         fitted = [self.fit(c) for c in contexts]
-        conversations = [f.messages for f in fitted]
+        given = [None] * len(contexts) if stars is None else stars
+        conversations = [self.conversation(f.messages, s) for f, s in zip(fitted, given, strict=True)]
+        begun = [c[-1]["content"] if s is not None else "" for c, s in zip(conversations, given, strict=True)]
         replies: list[LLMAnswer] = self.llm.generate(conversations, sampling, constraint=constraint)
         answers = []
-        for reply, ctx, prompt in zip(replies, contexts, fitted, strict=True):
-            stars, review = parse_completion(reply.text)
+        for reply, ctx, prompt, start in zip(replies, contexts, fitted, begun, strict=True):
+            stars, review = parse_completion(start + reply.text)
             counts = Counter(
                 llm_answers=1, unconstrained=int(constraint is not None and not reply.constrained)
             )
@@ -622,12 +785,20 @@ class ReviewAgent:
             ok = usable(stars, review)
             counts["parse_failures"] += not ok
             unusable = [] if ok else [reply.text]
-            answers.append(TaskAnswer(stars, review, reply.text, "llm", unusable, reply.cut_short, counts))
+            answers.append(
+                TaskAnswer(stars, review, start + reply.text, "llm", unusable, reply.cut_short, counts)
+            )
         bad = [i for i, a in enumerate(answers) if not usable(a.stars, a.review)]
         if bad:  # one retry, stricter
             retry = [
-                conversations[i]
-                + [{"role": "assistant", "content": answers[i].text}, {"role": "user", "content": STRICT}]
+                self.conversation(
+                    fitted[i].messages
+                    + [
+                        {"role": "assistant", "content": answers[i].text},
+                        {"role": "user", "content": STRICT},
+                    ],
+                    given[i],
+                )
                 for i in bad
             ]
             again = self.llm.generate(retry, sampling, constraint=constraint)
@@ -636,12 +807,12 @@ class ReviewAgent:
                 answer.counts["retries"] += 1
                 if reply.cached:
                     answer.counts["cached_retries"] += 1
-                stars, review = parse_completion(reply.text)
+                stars, review = parse_completion(begun[i] + reply.text)
                 if usable(stars, review):
                     answer.stars, answer.review, answer.text, answer.source, answer.cut_short = (
                         stars,
                         review,
-                        reply.text,
+                        begun[i] + reply.text,
                         "llm_retry",
                         reply.cut_short,
                     )

@@ -159,6 +159,9 @@ def rule_choices(path: str | None) -> dict | None:
     written: a direct pool with or without a sentiment weight); a malformed rule is a clear error."""
     if not path:
         return None
+    rule = json.loads(Path(path).read_text())
+    if isinstance(rule, dict) and "utility" in rule:  # tuned-write's weights (eval.selection --utility)
+        return {"utility": rule.get("chosen", "as written")}
     try:
         groups = read_rule(path)["groups"]
     except (OSError, ValueError) as e:

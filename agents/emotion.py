@@ -6,7 +6,9 @@ hub's ``cardiffnlp/tweet_eval`` when that folder is absent and the network is th
 strength is chosen on the validation split by macro-F1; test macro-F1 and accuracy are reported with
 every result. The fitted weights are cached on disk, keyed by the data, the encoder and the recipe.
 
-It is a stand-in: its scores approximate the official model's, they are not the official model's.
+It is a stand-in: its scores approximate the official model's, they are not the official model's. It
+lives with the agents' encoders because an agent may use it too (the tuned-write agent's utility judges a
+candidate's emotion against the user's and the item's older reviews); the evaluator scores with it offline.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from data_prep.paths import cache_dir, raw_dir
-from eval.metrics import EMOTION_LABELS
+
+EMOTION_LABELS = ("joy", "optimism", "anger", "sadness")  # the official classifier's config order
 
 RECIPE = {
     "classifier": "sklearn LogisticRegression (multinomial, lbfgs)",

@@ -1,0 +1,164 @@
+"""The review task's own metric during training: what a recipe names as ``task_metric``.
+
+    task_metric: eval.training:review_task_metric      # in a configs/sft/ recipe
+
+train.sft calls it at step 0 (``eval_on_start``) and at every evaluation. It writes the greedy answer for
+``task_examples`` validation pairs (users held out from training, spread over the file), scores the
+stars and review with the offline evaluator (eval.scoring: PE, RG and overall, the stand-in scorers),
+and scores beside them, on the same pairs, the copy baseline: the item's older review nearest the
+centroid of the user's older reviews with the median of the user's older stars (eval.baselines'
+nearest-centroid, time-aware: only reviews strictly older than the pair's target). An answer without
+readable stars gets the user's median stars and is counted (``unreadable``); its text is scored as
+written.
+
+train never imports eval (tests/test_layout.py): the recipe names this function, and train.sft loads it
+by its import path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from agents.encoders import packaged_minilm
+from agents.retrieval import Retriever
+from data_prep.prompt import parse_completion
+from data_prep.schema import parse_iso
+from data_prep.store import ReviewStore
+from eval.backends import build_scorers
+from eval.metrics import paired_bootstrap
+from eval.scoring import score_pairs, summarise
+
+TERMS = {
+    "star": "star_error",
+    "sentiment": "sentiment_error",
+    "emotion": "emotion_error",
+    "topic": "topic_error",
+}
+
+
+def terms_of(scored: dict) -> dict[str, np.ndarray]:
+    return {short: np.asarray(scored[long]) for short, long in TERMS.items()}
+
+
+def headline(scored: dict) -> dict[str, float]:
+    s = summarise(scored)
+    return {
+        "overall": round(s["overall"], 4),
+        "review_generation": round(s["review_generation"], 4),
+        "preference_estimation": round(s["preference_estimation"], 4),
+    }
+
+
+class ReviewTaskMetric:
+    """Greedy answers for some validation pairs, scored beside the copy baseline (module docstring)."""
+
+    def __init__(self, pairs: str, rows: list[dict], output_dir: str, max_new_tokens: int = 128):
+        if not rows:
+            raise ValueError("the task metric needs validation pairs")
+        self.rows, self.output_dir, self.max_new_tokens = rows, Path(output_dir), max_new_tokens
+        card = json.loads((Path(pairs) / "card.json").read_text())
+        stores = [ReviewStore.open(d["dir"]) for d in card["data"]]
+        encoder = packaged_minilm("cpu", 64)
+        self.scorers = build_scorers("offline", device="cpu")
+        retriever = Retriever(encoder)
+        self.truth = [parse_completion(r["completion"][0]["content"]) for r in rows]
+        copies, self.median = [], []
+        for row in rows:
+            store = next((s for s in stores if s.get_user(row["user_id"]) is not None), stores[0])
+            before = parse_iso(row["date"])
+            history = store.get_reviews(user_id=row["user_id"], before=before)
+            item = store.get_reviews(item_id=row["item_id"], before=before)
+            best = retriever.centroid_review(history, item)
+            median = float(np.median([r["stars"] for r in history])) if history else 3.0
+            self.median.append(median)
+            copies.append((median, best["text"] if best else ""))
+        self.copy = score_pairs(
+            [c[0] for c in copies],
+            [c[1] for c in copies],
+            [t[0] for t in self.truth],
+            [t[1] for t in self.truth],
+            self.scorers,
+        )
+        self.history: list[dict] = []  # per evaluation: step, the headline and the per-pair terms
+
+    def __call__(self, model, tokenizer, step: int, write: bool = True) -> dict[str, float]:
+        import torch
+
+        was_training = model.training
+        model.eval()
+        texts = []
+        for start in range(0, len(self.rows), 8):
+            batch = self.rows[start : start + 8]
+            tokenizer.padding_side = "left"
+            inputs = tokenizer([r["rendered"] for r in batch], return_tensors="pt", padding=True).to(
+                model.device
+            )
+            with torch.no_grad():
+                out = model.generate(
+                    **inputs,
+                    max_new_tokens=self.max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                )
+            texts += tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        model.train(was_training)
+        parsed = [parse_completion(t) for t in texts]
+        unreadable = [s is None or not 1 <= s <= 5 for s, _ in parsed]
+        stars = [m if bad else s for (s, _), m, bad in zip(parsed, self.median, unreadable, strict=True)]
+        reviews = [r if r else t for (_, r), t in zip(parsed, texts, strict=True)]
+        scored = score_pairs(
+            stars, reviews, [t[0] for t in self.truth], [t[1] for t in self.truth], self.scorers
+        )
+        metrics = {f"task_{k}": v for k, v in headline(scored).items()}
+        metrics |= {f"copy_{k}": v for k, v in headline(self.copy).items()}
+        metrics["task_unreadable"] = int(sum(unreadable))
+        self.history.append({"step": step, **metrics, "terms": terms_of(scored)})
+        if write:
+            folder = self.output_dir / "task_eval"
+            folder.mkdir(parents=True, exist_ok=True)
+            rows = [
+                {"review_id": r["review_id"], "answer": t, "truth": r["completion"][0]["content"]}
+                for r, t in zip(self.rows, texts, strict=True)
+            ]
+            (folder / f"step_{step}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+        return metrics
+
+    def summary(self, best_step: int | None) -> dict:
+        """For the model card: the curve, and at the kept step the paired difference against the base
+        model (step 0: the adapter's B matrices start at zero) and against the copy baseline."""
+        curve = [{k: v for k, v in h.items() if k != "terms"} for h in self.history]
+        out = {"examples": len(self.rows), "curve": curve}
+        by_step = {h["step"]: h for h in self.history}
+        kept = (
+            by_step.get(best_step) if best_step is not None else (self.history[-1] if self.history else None)
+        )
+        if kept is None:
+            out["kept_step"] = best_step
+            out["note"] = "the kept step was evaluated before this process resumed: no paired comparison"
+            return out
+        out["kept_step"] = kept["step"]
+        comparisons = {}
+        if 0 in by_step and kept["step"] != 0:
+            comparisons["adapter_minus_base"] = by_step[0]["terms"]
+        comparisons["adapter_minus_copy"] = terms_of(self.copy)
+        for name, other in comparisons.items():
+            out[name] = {
+                metric: {
+                    k: (round(v, 4) if isinstance(v, float) else v)
+                    for k, v in paired_bootstrap(kept["terms"], other, metric).items()
+                    if k in ("difference", "ci95", "n")
+                }
+                for metric in ("overall", "review_generation", "preference_estimation")
+            }
+            for value in out[name].values():
+                value["ci95"] = [round(x, 4) for x in value["ci95"]]
+        return out
+
+
+def review_task_metric(pairs: str, rows: list[dict], output_dir: str, max_new_tokens: int = 128):
+    """What train.sft's ``task_metric`` loads for review pairs."""
+    return ReviewTaskMetric(pairs, rows, output_dir, max_new_tokens)
