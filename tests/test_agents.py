@@ -15,7 +15,17 @@ import numpy as np
 import pytest
 import yaml
 
-from agents.llm import Answer, Constraint, LLMConfig, OpenAIBackend, Sampling, load_llm, vllm_lora_rank
+from agents.encoders import packaged_minilm
+from agents.llm import (
+    Answer,
+    Constraint,
+    LLMConfig,
+    OpenAIBackend,
+    Sampling,
+    choice_answer,
+    load_llm,
+    vllm_lora_rank,
+)
 from agents.review import agent as agent_module
 from agents.review import simulate
 from agents.review.agent import KINDS, AgentConfig, ReviewAgent, in_sample
@@ -343,7 +353,19 @@ class ConstantLLM:
 
     def generate(self, conversations, sampling, constraint=None):
         self.calls.append(conversations)
-        return [Answer("stars: 5\nreview: Fine.") for _ in conversations]
+        # an answer whose beginning is given (the decided stars) is continued with the review alone
+        return [
+            Answer(" Fine." if c[-1]["role"] == "assistant" else "stars: 5\nreview: Fine.")
+            for c in conversations
+        ]
+
+    def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
+        """Every probability on the last option (a 5 among star digits), one call per batch."""
+        self.calls.append(conversations)
+        return [
+            choice_answer(options, [float(o == options[-1]) for o in options], "logprobs")
+            for _ in conversations
+        ]
 
 
 def test_tuned_agent_asks_for_validation_stars_only_on_reviews_its_adapter_did_not_train_on(
@@ -369,13 +391,23 @@ def test_tuned_agent_asks_for_validation_stars_only_on_reviews_its_adapter_did_n
         "asked": len(asked_ids),
         "cached_answers": 0,  # no answer_cache
     }
-    assert 5 <= len(asked_ids) <= 60 and agent.stars.report["llm_validation_stars"] == len(asked_ids)
+    assert agent.stars.report["llm_validation_stars"] == len(asked_ids)
     conversations = [c for call in fake.calls for c in call]
     assert len(conversations) == len(asked_ids)
+    # the draw is by each review's own hash: a larger fraction asks every review a smaller one asked
+    before = len(fake.calls)
+    wider = ReviewAgent(
+        AgentConfig(kind="tuned", retrieval="bm25", blend_fraction=0.04),
+        LLMConfig(adapter=str(adapter)),
+        store,
+    )
+    asked_wider = [c[-1]["content"] for call in fake.calls[before:] for c in call]
+    assert len(asked_wider) == wider.stars.report["llm_validation"]["asked"] > len(asked_ids)
+    assert {c[-1]["content"] for c in conversations} <= set(asked_wider)
     targets = {row["review_id"] for row in read_targets(yelp_tasks).values()}
     by_id = {r[0]: r for r in validation}
     for review_id, conversation in zip(asked_ids, conversations, strict=True):
-        assert review_id not in targets and review_id not in trained
+        assert review_id not in targets  # the store blocks the task pairs: never a validation review
         # each validation review is asked like a time-aware task: never its own text, nothing newer
         _, user, item, ts, _ = by_id[review_id]
         prompt = conversation[-1]["content"]
@@ -552,14 +584,21 @@ def test_a_flood_of_later_one_star_reviews_changes_no_prediction(
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "training_data.json").write_text(json.dumps({"train_review_ids": [], "latest_target_ts": 0}))
-    config = AgentConfig(kind=kind, retrieval="bm25", blend_fraction=0.03 if kind == "tuned" else 0.0)
+    writes = kind == "tuned-write"  # its utility embeds: the embedding retrieval
+    config = AgentConfig(
+        kind=kind,
+        retrieval="embedding" if writes else "bm25",
+        blend_fraction=0.03 if kind in ("tuned", "tuned-write") else 0.0,
+        samples=2 if writes else 0,
+    )
+    encoder = packaged_minilm("cpu", 32) if writes else None
     tasks = tasks_with_dates(yelp_tasks)
     runs = {}
     for name, data in (("plain", yelp_store), ("flooded", flooded_store)):
         for visibility in ("time-aware", "official"):
             config.visibility = visibility
             store = ReviewStore.open(data, tasks=yelp_tasks)
-            agent = ReviewAgent(config, LLMConfig(adapter=str(adapter)), store)
+            agent = ReviewAgent(config, LLMConfig(adapter=str(adapter)), store, encoder=encoder)
             runs[name, visibility] = [(p.stars, p.review, p.star_model) for p in agent.predict(tasks)]
     assert runs["plain", "time-aware"] == runs["flooded", "time-aware"]
     # the same check has teeth: with the official visibility the flood is seen
@@ -745,9 +784,11 @@ def test_the_answer_cache_gives_a_second_run_the_first_runs_greedy_answers(tiny_
     answer = Constraint.answer(12)  # a constrained answer is another answer
     assert texts(second.generate(conversations, greedy, constraint=answer)) != said and second.rows[-1] == 3
     twice = [conversations[0], [{"role": "user", "content": "twice"}], [{"role": "user", "content": "twice"}]]
-    assert texts(second.generate(twice, greedy))[1:] == texts(second.generate(twice, greedy))[1:]
+    first = second.generate(twice, greedy)
+    assert second.rows[-1] == 1 and first[1].text == first[2].text  # one prompt twice in a call: asked once
+    assert [a.cached for a in first] == [True, False, False]
     again = second.generate(twice, greedy)
-    assert second.rows[-1] == 1 and [a.cached for a in again] == [True] * 3  # asked once, then kept
+    assert texts(again) == texts(first) and [a.cached for a in again] == [True] * 3  # then kept
     assert second.generate([], greedy) == []
     # another seed or top_p changes no greedy answer: the same key
     other = second.generate(conversations, Sampling(max_new_tokens=8, seed=5, top_p=0.5))
@@ -856,7 +897,9 @@ def test_suite_scores_the_stats_agent_against_the_baselines(yelp_store, yelp_tas
     assert "| stats > user-mean | preference_estimation |" in claims
     for name in ("compare.md", "compare.png", "agents.md", "claims.md"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "| stars W1 |" in table and "| copied |" in table  # the fidelity columns, with the store given
+    assert (
+        "| stars W1 |" in table and "| copied 8 words |" in table
+    )  # the fidelity columns, with the store given
     # one W&B run per evaluation (3 baselines, stats) and one for the suite's tables
     assert len(list(tmp_path.rglob("offline-run-*"))) == 5
     with pytest.raises(SystemExit, match="--adapter"):
@@ -977,7 +1020,9 @@ def test_every_shipped_agent_config_parses():
         parser = TrlParser((AgentConfig, simulate.LLMConfig, simulate.RunArguments))
         agent, llm, _ = parser.parse_args_and_config(["--config", str(path), "--out", "x"])
         assert agent.kind in KINDS and agent.kind == yaml.safe_load(path.read_text())["kind"]
-        assert llm.backend in ("hf", "vllm", "openai") and (agent.kind == "stats" or llm.model)
+        assert llm.backend in ("hf", "vllm", "openai")
+        if agent.kind in ("tuned", "tuned-write") and llm.backend == "hf":  # the demo adapter's budget
+            assert llm.adapter and (agent.prompt_tokens, agent.k_user, agent.k_item) == (256, 2, 1), path
 
 
 def test_adapter_postdating_counts_only_this_stores_training_reviews(yelp_store, tmp_path):
@@ -1118,6 +1163,10 @@ def test_the_tuned_agent_gives_the_star_model_expected_stars_raw_so_they_are_cal
         lambda *a, llm_stars=None: given.append(llm_stars) or real(*a, llm_stars=llm_stars),
     )
     agent.predict(tasks_with_dates(yelp_tasks)[:3])
-    assert given == [[3.7, 3.7, 3.7]]  # raw: StarModel.predict maps them, as on validation
+    # the LLM's stars are read only where a blend would use them; here validation chose none
+    assert given == [[None, None, None]]
+    monkeypatch.setattr(agent.stars, "blend_options", lambda items, times: ["blend"] * len(items))
+    agent.predict(tasks_with_dates(yelp_tasks)[:3])
+    assert given[-1] == [3.7, 3.7, 3.7]  # raw: StarModel.predict maps them, as on validation
     agent.stars.calibration = None  # expected stars with no calibration are never used as they are
     assert agent.stars.calibrated([3.7], [0]) == [None]

@@ -83,7 +83,7 @@ def test_mbr_picks_the_candidate_the_others_agree_with_and_weighs_sentiment():
     # choosing only among rows 0 and 2, each still judged against all three: row 0 (risk 0.15 vs 0.175)
     assert mbr_index(e, sentiments, 0.9, 1.0, choose=[0, 2]) == 0
     assert mbr_index(e, np.zeros(3), 0.0, 1.0, choose=[2]) == 2
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one candidate"):
         mbr_index(np.zeros((0, 2)), np.zeros(0), 0.0, 1.0)
 
 

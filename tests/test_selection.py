@@ -160,15 +160,16 @@ def test_the_suite_chooses_the_rule_on_validation_and_the_run_is_fingerprinted_b
     for group, chosen in report["groups"].items():
         v = report["validation"][group]
         (stage,) = v["stages"]  # without an LLM every option is model-free: one stage
-        assert SIMILAR in stage["options"] or v["tasks"] == 0  # the stats agent's review competes too
-        assert stage["options"][v["chosen"]]["mean"] >= stage["options"][CENTROID]["mean"] or v["tasks"] == 0
+        assert v["tasks"] > 0 and {SIMILAR, CENTROID} <= set(stage["options"])  # the stats agent's review too
         assert chosen["pool"] == (CENTROID if v["chosen"] == CENTROID else v["chosen"].split(" w")[0])
     rows = [json.loads(line) for line in (out / "sim" / "stats-mbr" / "predictions.jsonl").open()]
     nc = {json.loads(line)["task_id"]: json.loads(line)["review"] for line in (out / "baselines" / "nearest-centroid.jsonl").open()}  # fmt: skip
+    kept_centroid = [row for row in rows if report["groups"][row["group"]]["pool"] == CENTROID]
+    assert kept_centroid  # on this sample the rule keeps the baseline's review for some group
     for row in rows:
         assert row["selection"].startswith(row["group"] + ": " + report["groups"][row["group"]]["pool"])
-        if report["groups"][row["group"]]["pool"] == CENTROID:
-            assert row["review"] == nc[row["task_id"]]  # the same review as the baseline, by construction
+    for row in kept_centroid:
+        assert row["review"] == nc[row["task_id"]]  # the same review as the baseline, by construction
     assert (
         "reviews chosen by the rule chosen on" in agents
         and "| stats-mbr > nearest-centroid | overall |" in claims
@@ -198,7 +199,7 @@ def test_the_suite_chooses_the_rule_on_validation_and_the_run_is_fingerprinted_b
     edited = json.loads(rule.read_text())
     edited["groups"]["item_with_history"] = {"pool": "retrieved", "sentiment_weight": 3.0}  # never chosen
     rule.write_text(json.dumps(edited))
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="run started from other inputs; changed: .*selection_rule"):
         simulate.main([*argv, "--out", str(out / "sim" / "stats-mbr"), "--selection_rule", str(rule)])
     # validation tasks the adapter trained on are left out; folders not made for this are refused
     run = out / "validation" / "sim" / "stats-mbr"

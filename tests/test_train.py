@@ -530,3 +530,51 @@ def test_usr1_makes_training_save_at_a_step_boundary_then_the_job_is_requeued(
     finally:
         for path in (stop, stop.with_name(stop.name + ".saved")):
             path.unlink(missing_ok=True)
+
+
+def test_the_task_metric_runs_at_step_0_and_every_evaluation_and_keeps_the_best_checkpoint(
+    tmp_path, tiny_model, amazon_pairs
+):
+    """The recipe's task metric (eval.training, by import path) scores the greedy answers of validation
+    pairs at step 0 and at each evaluation beside the copy baseline; the checkpoint kept is the best by
+    it, and the card holds the curve and the paired differences against the base model and the copy."""
+    config = recipe(
+        tmp_path,
+        tiny_model,
+        amazon_pairs,
+        max_steps=4,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        eval_on_start=True,
+        task_metric="eval.training:review_task_metric",
+        task_examples=3,
+        task_max_new_tokens=8,
+        metric_for_best_model="task_overall",
+        greater_is_better=True,
+        load_best_model_at_end=True,
+    )
+    trainer = sft.main(["--config", str(config)])
+    curve = [h for h in trainer.state.log_history if "eval_task_overall" in h]
+    assert [h["step"] for h in curve] == [0, 2, 4]
+    assert len({h["eval_copy_overall"] for h in curve}) == 1  # the copy baseline: the same pairs each time
+    best = max(curve[1:], key=lambda h: h["eval_task_overall"])  # step 0 has no checkpoint
+    assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best['step']}")
+    card = json.loads((tmp_path / "out" / "training_card.json").read_text())["task_metric"]
+    assert card["examples"] == 3 and card["kept_step"] == best["step"]
+    assert [p["step"] for p in card["curve"]] == [0, 2, 4]
+    for comparison in ("adapter_minus_base", "adapter_minus_copy"):
+        d = card[comparison]["overall"]
+        assert d["n"] == 3 and d["ci95"][0] <= d["difference"] <= d["ci95"][1]
+    assert sorted(p.name for p in (tmp_path / "out" / "task_eval").iterdir()) == [
+        "step_0.jsonl",
+        "step_2.jsonl",
+        "step_4.jsonl",
+    ]
+
+
+def test_a_task_metric_that_is_not_module_colon_function_is_refused(tmp_path, tiny_model, amazon_pairs):
+    config = recipe(tmp_path, tiny_model, amazon_pairs, task_metric="eval.training.review_task_metric")
+    with pytest.raises(SystemExit, match="is not module:function"):
+        sft.main(["--config", str(config)])

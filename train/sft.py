@@ -149,6 +149,11 @@ TRAJECTORY_FIELDS = (
     "assistant_only_loss",
     "loss_type",
     "neftune_noise_alpha",
+    # which checkpoint the run keeps (the best by the task metric) and when it stops
+    "eval_steps",
+    "load_best_model_at_end",
+    "metric_for_best_model",
+    "greater_is_better",
 )
 
 
@@ -161,7 +166,15 @@ def run_inputs(recipe: RecipeArguments, training_args, model_args) -> dict:
         "recipe": {
             **{
                 k: getattr(recipe, k)
-                for k in ("global_batch_size", "max_train_examples", "max_eval_examples")
+                for k in (
+                    "global_batch_size",
+                    "max_train_examples",
+                    "max_eval_examples",
+                    "task_metric",
+                    "task_examples",
+                    "task_max_new_tokens",
+                    "early_stopping_patience",
+                )
             },
             "eval_selection": "spread",  # which validation rows max_eval_examples takes (was: the first)
         },

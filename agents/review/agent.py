@@ -323,8 +323,10 @@ class ReviewAgent:
             raise ValueError(
                 f"{SIMILAR} is the first of the user's retrieved reviews: it needs candidates_user >= 1"
             )
-        if (config.selection == "mbr" or self.writes) and encoder is None:
-            raise ValueError("selection: mbr and tuned-write need the embedding retrieval")
+        if (config.selection == "mbr" or self.writes) and (
+            encoder is None or config.retrieval != "embedding"
+        ):
+            raise ValueError("selection: mbr and tuned-write need the embedding retrieval (and its encoder)")
         if (
             config.selection == "mbr"
             and config.kind == "stats"
