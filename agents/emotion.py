@@ -22,6 +22,7 @@ import numpy as np
 from data_prep.paths import cache_dir, raw_dir
 
 EMOTION_LABELS = ("joy", "optimism", "anger", "sadness")  # the official classifier's config order
+EMOTION_CHARS = 300  # the official evaluator cuts texts to this many characters for emotion
 
 RECIPE = {
     "classifier": "sklearn LogisticRegression (multinomial, lbfgs)",

@@ -25,3 +25,8 @@ def repeats_ngram(tokenised: list[str], n: int = 4) -> bool:
     """Whether some n-gram of these words occurs twice (a message stuck in a loop)."""
     grams = [tuple(tokenised[i : i + n]) for i in range(len(tokenised) - n + 1)]
     return len(set(grams)) < len(grams)
+
+
+def spans(tokenised: list[str], n: int) -> set[tuple[str, ...]]:
+    """Every run of n consecutive words (a copy check compares them with another text's)."""
+    return {tuple(tokenised[i : i + n]) for i in range(len(tokenised) - n + 1)}

@@ -27,9 +27,8 @@ from collections.abc import Iterable
 import numpy as np
 from scipy.stats import ks_2samp, wasserstein_distance
 
-from agents.text import distinct, normalise, repeats_ngram, words  # noqa: F401 (re-exported)
-
-COPY_WORDS = 8  # agents.review.write keeps its candidates from copying this many words of an older review
+from agents.review.write import COPY_WORDS
+from agents.text import distinct, normalise, repeats_ngram, spans, words  # noqa: F401 (re-exported)
 
 
 def fidelity(
@@ -69,11 +68,9 @@ def fidelity(
     if store_texts is not None:
         store_words = [words(t) for t in store_texts]
         known = {normalise(" ".join(w)) for w in store_words}
-        spans = {tuple(w[i : i + COPY_WORDS]) for w in store_words for i in range(len(w) - COPY_WORDS + 1)}
+        stored = set().union(*(spans(w, COPY_WORDS) for w in store_words))
         copied = [
-            any(tuple(w[i : i + COPY_WORDS]) in spans for i in range(len(w) - COPY_WORDS + 1))
-            or normalise(" ".join(w)) in known
-            for w in pred_words
+            not spans(w, COPY_WORDS).isdisjoint(stored) or normalise(" ".join(w)) in known for w in pred_words
         ]
         out["copied_share"] = round(sum(copied) / len(pred_texts), 4)
     return out

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.emotion import EMOTION_LABELS  # noqa: F401 (the official classifier's label order)
+from agents.emotion import EMOTION_CHARS, EMOTION_LABELS  # noqa: F401 (the official classifier's)
 
-EMOTION_CHARS = 300  # the official evaluator cuts both texts to this many characters for emotion
 STAR_RANGE = (0.0, 5.0)
 
 

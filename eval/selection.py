@@ -178,23 +178,17 @@ def trained_on(run: Path) -> set[str]:
     return set(json.loads(path.read_text()).get("train_review_ids", []))
 
 
-def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline") -> dict:
-    rows = sorted(
+def predictions_by_task(run: Path) -> list[dict]:
+    return sorted(
         (json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines() if line.strip()),
         key=lambda r: r["task_id"],
     )
-    if not rows or any("candidates" not in r for r in rows):
-        raise SystemExit(f"error: {run}/predictions.jsonl has no candidate pools (run with selection: mbr)")
-    if any("group" not in r for r in rows):
-        raise SystemExit(
-            f"error: {run} was made before pools carried their group and the nearest-centroid review: "
-            "rerun the agent (agents.simulate --overwrite true)"
-        )
-    if missing := [r["task_id"] for r in rows if centroid_of(r) is None]:
-        raise SystemExit(
-            f"error: {len(missing)} tasks of {run} (e.g. {missing[0]}) have no nearest-centroid review: their "
-            "user has no visible review; draw the validation folder with --min-history 1 or more"
-        )
+
+
+def validation_run(run: Path, task_dir: Path, rows: list[dict]) -> tuple[list[dict], dict, list[int]]:
+    """The run's predictions (by task id), checked as a run over a validation folder: made on it (by its
+    digest), every task predicted, the folder a validation one. Returns the rows without the tasks whose
+    target the run's adapter trained on, the run's fingerprint inputs, and those left-out task ids."""
     inputs = json.loads((run / "fingerprint.json").read_text())["inputs"]
     ran_on = inputs.get("tasks")
     if ran_on != task_folder_digest(task_dir):
@@ -215,6 +209,26 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     trained = trained_on(run)
     left_out = [r["task_id"] for r in rows if targets[r["task_id"]]["review_id"] in trained]
     rows = [r for r in rows if r["task_id"] not in set(left_out)]
+    return rows, inputs, left_out
+
+
+def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline") -> dict:
+    rows = predictions_by_task(run)
+    if not rows or any("candidates" not in r for r in rows):
+        raise SystemExit(f"error: {run}/predictions.jsonl has no candidate pools (run with selection: mbr)")
+    if any("group" not in r for r in rows):
+        raise SystemExit(
+            f"error: {run} was made before pools carried their group and the nearest-centroid review: "
+            "rerun the agent (agents.simulate --overwrite true)"
+        )
+    if missing := [r["task_id"] for r in rows if centroid_of(r) is None]:
+        raise SystemExit(
+            f"error: {len(missing)} tasks of {run} (e.g. {missing[0]}) have no nearest-centroid review: their "
+            "user has no visible review; draw the validation folder with --min-history 1 or more"
+        )
+    rows, inputs, left_out = validation_run(run, task_dir, rows)
+    ran_on = inputs.get("tasks")
+    targets = read_targets(task_dir)
     summary = json.loads((run / "summary.json").read_text())
     official = summary["visibility"] == "official"
 
@@ -287,23 +301,12 @@ def choose_utility(run: Path, task_dir: Path, backend: str = "offline") -> dict:
     against the real reviews (review generation), and ``greedy`` stands unless another weighting beats it
     by decide()'s paired margin (Bonferroni over the others). The tasks whose target the adapter trained
     on are left out, as for choose_rule."""
-    rows = sorted(
-        (json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines() if line.strip()),
-        key=lambda r: r["task_id"],
-    )
+    rows = predictions_by_task(run)
     if not rows or any(not r.get("candidates") or "features" not in r["candidates"][0] for r in rows):
         raise SystemExit(
             f"error: {run}/predictions.jsonl has no written pools with features (kind tuned-write)"
         )
-    inputs = json.loads((run / "fingerprint.json").read_text())["inputs"]
-    if inputs.get("tasks") != task_folder_digest(task_dir):
-        raise SystemExit(f"error: {run} was not run on {task_dir} (another task folder's digest)")
-    if json.loads((task_dir / "manifest.json").read_text()).get("strategy") != "validation":
-        raise SystemExit(f"error: {task_dir} is not a validation folder (data_prep.split --validation-for)")
-    targets = read_targets(task_dir)
-    trained = trained_on(run)
-    left_out = [r["task_id"] for r in rows if targets[r["task_id"]]["review_id"] in trained]
-    rows = [r for r in rows if r["task_id"] not in set(left_out)]
+    rows, inputs, left_out = validation_run(run, task_dir, rows)
     scores = candidate_scores(rows, task_dir, backend)
     per_option = {}
     for name, weights in UTILITIES.items():

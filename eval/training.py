@@ -84,28 +84,13 @@ class ReviewTaskMetric:
         )
         self.history: list[dict] = []  # per evaluation: step, the headline and the per-pair terms
 
-    def __call__(self, model, tokenizer, step: int, write: bool = True) -> dict[str, float]:
-        import torch
+    @property
+    def prompts(self) -> list[str]:
+        """The rendered prompts train.sft answers greedily at each evaluation."""
+        return [r["rendered"] for r in self.rows]
 
-        was_training = model.training
-        model.eval()
-        texts = []
-        for start in range(0, len(self.rows), 8):
-            batch = self.rows[start : start + 8]
-            tokenizer.padding_side = "left"
-            inputs = tokenizer([r["rendered"] for r in batch], return_tensors="pt", padding=True).to(
-                model.device
-            )
-            with torch.no_grad():
-                out = model.generate(
-                    **inputs,
-                    max_new_tokens=self.max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                )
-            texts += tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-        model.train(was_training)
+    def __call__(self, texts: list[str], step: int, write: bool = True) -> dict[str, float]:
+        """The metrics of these greedy answers (one per row) at this step, beside the copy baseline's."""
         parsed = [parse_completion(t) for t in texts]
         unreadable = [s is None or not 1 <= s <= 5 for s, _ in parsed]
         stars = [m if bad else s for (s, _), m, bad in zip(parsed, self.median, unreadable, strict=True)]

@@ -317,25 +317,11 @@ class SampleGenerations:
         )
 
     def __call__(self, model, step: int, write: bool = True) -> list[dict]:
-        import torch
-        import torch.distributed as dist
-
-        synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         rows = []
-        was_training = model.training
-        model.eval()
-        for example in self.examples:
-            # tokenized as TRL tokenizes the training prompt (with the tokenizer's special tokens)
-            inputs = self.tokenizer(example["prompt"], return_tensors="pt").to(model.device)
-            with torch.no_grad():
-                output = model.generate(
-                    **inputs,
-                    max_new_tokens=self.max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    synced_gpus=synced,
-                )
-            text = self.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        texts = greedy_answers(
+            model, self.tokenizer, [e["prompt"] for e in self.examples], self.max_new_tokens
+        )
+        for example, text in zip(self.examples, texts, strict=True):
             stars, _ = parse_completion(text)
             true_stars, _ = parse_completion(example["completion"])
             rows.append(
@@ -347,7 +333,6 @@ class SampleGenerations:
                     "true_stars": true_stars,
                 }
             )
-        model.train(was_training)
         if not write:
             return rows
         folder = Path(self.output_dir) / "samples"
@@ -362,6 +347,41 @@ class SampleGenerations:
         except ImportError:
             pass
         return rows
+
+
+def greedy_answers(
+    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 1
+) -> list[str]:
+    """Greedy answers for rendered prompts, tokenized as TRL tokenizes the training prompt (with the
+    tokenizer's special tokens), ``batch_size`` at a time, left-padded; the tokenizer's padding side is
+    restored after. Every rank calls it (see SampleGenerations: ``synced_gpus`` keeps sharded ranks
+    stepping together)."""
+    import torch
+    import torch.distributed as dist
+
+    synced = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    was_training, side = model.training, tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    texts = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            inputs = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
+            inputs = inputs.to(model.device)
+            with torch.no_grad():
+                output = model.generate(
+                    **inputs,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                    synced_gpus=synced,
+                )
+            new = output[:, inputs["input_ids"].shape[1] :]
+            texts += tokenizer.batch_decode(new, skip_special_tokens=True)
+    finally:
+        model.train(was_training)
+        tokenizer.padding_side = side
+    return texts
 
 
 def check_saved_adapter(folder: str | Path, model) -> int:
@@ -444,7 +464,10 @@ def check_one_process_sees_one_gpu(training_args) -> None:
 def load_task_metric(recipe: RecipeArguments, tokenizer, output_dir: str):
     """The recipe's task metric (``task_metric: module:function``), built on ``task_examples`` validation
     pairs spread over the file; None when the recipe names none. Loaded by import path: train never
-    imports the evaluator."""
+    imports the evaluator. The protocol: the factory takes (pairs folder, rows each with its rendered
+    prompt under ``rendered``, output_dir, max_new_tokens) and returns an object with ``prompts`` and
+    ``max_new_tokens``; called with the greedy answers to its prompts, a step and ``write``, it returns
+    the metrics; ``summary(kept_step)`` gives the card its record."""
     import importlib
 
     if not recipe.task_metric:
@@ -470,7 +493,8 @@ def make_callback(sampler: SampleGenerations, task_metric=None, tokenizer=None):
             if model is not None and sampler.examples:  # on every rank (see SampleGenerations)
                 sampler(model, state.global_step, write=state.is_world_process_zero)
             if model is not None and task_metric is not None:  # every rank: the same pairs, the same verdict
-                found = task_metric(model, tokenizer, state.global_step, write=state.is_world_process_zero)
+                answers = greedy_answers(model, tokenizer, task_metric.prompts, task_metric.max_new_tokens, 8)
+                found = task_metric(answers, state.global_step, write=state.is_world_process_zero)
                 record = {f"eval_{k}": v for k, v in found.items()}
                 if metrics is not None:  # what the Trainer keeps the best checkpoint by
                     metrics.update(record)

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from agents.emotion import EMOTION_CHARS
 from agents.llm import Answer as LLMAnswer
 from agents.llm import Constraint, LLMConfig, Sampling, load_llm, option_probs, read_choice
 from agents.retrieval import Retriever
@@ -312,9 +313,7 @@ class ReviewAgent:
             )
         self.weights = write.check_weights(config.utility_weights)
         self.selection_rule = None
-        if (
-            config.selection_rule and self.writes
-        ):  # eval.selection --utility: the weights chosen on validation
+        if config.selection_rule and self.writes:  # the weights chosen on validation (eval.selection)
             self.weights = write.check_weights(json.loads(Path(config.selection_rule).read_text())["utility"])
         elif config.selection_rule:
             self.selection_rule = read_rule(config.selection_rule)
@@ -712,7 +711,7 @@ class ReviewAgent:
         # the older reviews a utility compares with: the user's and the item's shown in the prompt
         refs = [t for part in shown for t in part]
         vectors = self.retriever.embed(texts + refs)
-        emotions = self.emotion([t[:300] for t in texts + refs])
+        emotions = self.emotion([t[:EMOTION_CHARS] for t in texts + refs])  # as the metric reads emotion
         compounds = np.round(self.vader(texts), 4)
         at, ref_at = 0, len(texts)
         for task, ctx, p, pool, known, seen in zip(

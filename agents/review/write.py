@@ -27,34 +27,27 @@ from collections.abc import Iterable
 import numpy as np
 
 from agents.retrieval import TIE
-from agents.text import words
+from agents.text import repeats_ngram, spans, words
 
 FEATURES = ("consensus", "user_topic", "item_topic", "sentiment", "user_emotion", "item_emotion")
 COPY_WORDS = 8  # a candidate sharing this many consecutive words with an older review is a copy
 LOOP_WORDS = 4  # a candidate repeating this many consecutive words of its own loops
 
 
-def spans(text: str, n: int) -> set[tuple[str, ...]]:
-    ws = words(text)
-    return {tuple(ws[i : i + n]) for i in range(len(ws) - n + 1)}
-
-
 def copied_spans(texts: Iterable[str], n: int = COPY_WORDS) -> set[tuple[str, ...]]:
     """Every n-word span of these texts (the older reviews a candidate must not copy)."""
     out: set[tuple[str, ...]] = set()
     for text in texts:
-        out |= spans(text, n)
+        out |= spans(words(text), n)
     return out
 
 
 def copies(text: str, known: set[tuple[str, ...]], n: int = COPY_WORDS) -> bool:
-    return not spans(text, n).isdisjoint(known)
+    return not spans(words(text), n).isdisjoint(known)
 
 
-def loops(text: str, n: int = LOOP_WORDS) -> bool:
-    ws = words(text)
-    grams = [tuple(ws[i : i + n]) for i in range(len(ws) - n + 1)]
-    return len(set(grams)) < len(grams)
+def loops(text: str) -> bool:
+    return repeats_ngram(words(text), LOOP_WORDS)
 
 
 def unit_mean(vectors: np.ndarray) -> np.ndarray | None:
