@@ -245,6 +245,12 @@ class ReviewStore:
         ):
             yield orjson.loads(data)
 
+    def visible_texts(self):
+        """(text, ts) of every review not hidden by the block set (streams)."""
+        where, _ = self._where()
+        for ts, data in self.conn.execute(f"SELECT ts, data FROM reviews r {where}"):
+            yield orjson.loads(data).get("text") or "", ts
+
     def visible_ratings(self) -> list[tuple[str, str, str, int, float]]:
         """(review_id, user_id, item_id, ts, stars) of every review not hidden by the block set: no texts,
         so star models fit on millions of reviews in little memory."""

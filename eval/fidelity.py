@@ -12,9 +12,9 @@ raises the metric by writing generic, metric-shaped text (or by copying) shows i
   prediction's.
 - ``looping_share``: predictions that repeat a 4-word span of their own (a text stuck in a loop), beside
   the same share of the real reviews (``real_looping_share``).
-- ``copied_share``: predictions that share an 8-word span with a review of the store (only with a store:
-  the reviews it shows, task pairs blocked; a prediction shorter than 8 words counts when it equals a
-  review); None without one.
+- ``copied_share``: predictions that copy a review of the store (agents.review.write.copies: an 8-word
+  span shared, or a prediction under 8 words equal to a review; only with a store: the reviews it shows,
+  task pairs blocked, of any time); None without one.
 
 Words are ``\\w+`` runs, lower-cased.
 """
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 import numpy as np
 from scipy.stats import ks_2samp, wasserstein_distance
 
-from agents.review.write import COPY_WORDS
+from agents.review.write import copied_spans, copies, short_texts
 from agents.text import distinct, normalise, repeats_ngram, spans, words  # noqa: F401 (re-exported)
 
 
@@ -66,11 +66,8 @@ def fidelity(
     out["looping_share"] = round(float(np.mean([repeats_ngram(w, 4) for w in pred_words])), 4)
     out["real_looping_share"] = round(float(np.mean([repeats_ngram(w, 4) for w in true_words])), 4)
     if store_texts is not None:
-        store_words = [words(t) for t in store_texts]
-        known = {normalise(" ".join(w)) for w in store_words}
-        stored = set().union(*(spans(w, COPY_WORDS) for w in store_words))
-        copied = [
-            not spans(w, COPY_WORDS).isdisjoint(stored) or normalise(" ".join(w)) in known for w in pred_words
-        ]
+        store_texts = list(store_texts)
+        stored, short = copied_spans(store_texts), short_texts((t, 0) for t in store_texts)
+        copied = [copies(t, stored, short) for t in pred_texts]
         out["copied_share"] = round(sum(copied) / len(pred_texts), 4)
     return out

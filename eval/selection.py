@@ -290,6 +290,7 @@ UTILITIES = {
     "sentiment": {"sentiment": 1.0},
     "topic": {"user_topic": 1.0, "item_topic": 1.0},
     "emotion": {"user_emotion": 1.0, "item_emotion": 1.0},
+    "length": {"user_length": 1.0},
     "all": dict.fromkeys(write_utility.FEATURES, 1.0),
     "all, sentiment x4": {**dict.fromkeys(write_utility.FEATURES, 1.0), "sentiment": 4.0},
 }
@@ -302,9 +303,13 @@ def choose_utility(run: Path, task_dir: Path, backend: str = "offline") -> dict:
     by decide()'s paired margin (Bonferroni over the others). The tasks whose target the adapter trained
     on are left out, as for choose_rule."""
     rows = predictions_by_task(run)
-    if not rows or any(not r.get("candidates") or "features" not in r["candidates"][0] for r in rows):
+    if not rows or any(
+        not r.get("candidates") or set(r["candidates"][0].get("features", {})) != set(write_utility.FEATURES)
+        for r in rows
+    ):
         raise SystemExit(
-            f"error: {run}/predictions.jsonl has no written pools with features (kind tuned-write)"
+            f"error: {run}/predictions.jsonl has no written pools with the features {write_utility.FEATURES} "
+            "(kind tuned-write; a run from before a feature was added must be rerun)"
         )
     rows, inputs, left_out = validation_run(run, task_dir, rows)
     scores = candidate_scores(rows, task_dir, backend)

@@ -157,6 +157,25 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
     assert [r["chosen"] for r in again] == [p.chosen for p in predictions]
 
 
+def test_a_retrieved_pool_with_nothing_older_keeps_the_llms_answer_and_counts_it(
+    yelp_store, tmp_path, make_tasks, monkeypatch
+):
+    tasks_dir = make_tasks(yelp_store, tmp_path / "tasks", n=4, seed=2)
+    monkeypatch.setattr(agent_module, "load_llm", lambda config: SamplingLLM())
+    config = AgentConfig(kind="retrieval-llm", selection="mbr", samples=0, candidates_user=2, candidates_item=2,
+                         pool="retrieved")  # fmt: skip
+    store = ReviewStore.open(yelp_store, tasks=tasks_dir)
+    agent = ReviewAgent(config, LLMConfig(), store, encoder=lambda t: hashed_bag_of_words(t, 64))
+    targets = read_targets(tasks_dir)
+    tasks = [{**t, "ts": targets[t["task_id"]]["ts"]} for t in read_tasks(tasks_dir)]
+    first = min(ts for _, ts in store.visible_texts())
+    early = [{**tasks[0], "ts": first}, tasks[1]]  # at the store's first moment nothing is older
+    lonely, usual = agent.predict(early)
+    assert [c["source"] for c in lonely.candidates] == ["llm"] and lonely.counts["empty_pool"] == 1
+    assert lonely.chosen == 0 and lonely.review == "greedy text number 0"
+    assert not usual.counts["empty_pool"] and usual.candidates[usual.chosen]["source"] in {"user", "item"}
+
+
 def test_under_a_rule_only_the_tasks_whose_choice_uses_samples_draw_them(
     yelp_store, tmp_path, make_tasks, monkeypatch
 ):

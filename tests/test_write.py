@@ -23,6 +23,14 @@ def test_copies_and_loops_are_spans_of_words():
     known = write.copied_spans(older)
     assert write.copies("Honestly the pancakes were fluffy and the coffee was hot today", known)
     assert not write.copies("The pancakes were fluffy, the syrup too sweet and the coffee cold", known)
+    # under 8 words, a copy is a whole review written before the moment, case and spacing aside
+    short = write.short_texts(
+        [("Great gift card!", 100), ("great  GIFT card", 50), ("A long review " * 4, 1)]
+    )
+    assert short == {"great gift card": 50}
+    assert write.copies("Great gift card.", known, short, before=60)
+    assert not write.copies("Great gift card.", known, short, before=50)  # written at the moment, not before
+    assert write.copies("Great gift card.", known, short) and not write.copies("Great card.", known, short)
     assert write.loops("It is very soft and it is very soft.")
     assert not write.loops("It is very soft and the colour is lovely.")
 
@@ -62,6 +70,12 @@ def test_features_agree_with_what_they_name():
         out["sentiment"][0] > out["sentiment"][1] and out["user_emotion"][0] == 0.0 > out["user_emotion"][1]
     )
     assert out["consensus"].tolist() == [0.0, 0.0]
+    assert out["user_length"].tolist() == [0.0, 0.0]  # no word counts given: the feature cannot move a choice
+    sized = write.features(
+        vectors, np.zeros(2), np.zeros((2, 4)), 0.0, user, np.zeros((0, 3)), np.zeros((1, 4)),
+        np.zeros((0, 4)), np.array([3, 39]), np.array([30, 39, 50]),
+    )  # fmt: skip
+    assert sized["user_length"][1] == 0.0 and sized["user_length"][0] == pytest.approx(-np.log(40 / 4))
 
 
 def test_the_answer_beginning_is_continued_on_the_tiny_model(tiny_model):
@@ -100,13 +114,8 @@ class Writer:
                 older = self.store.get_reviews(user_id=task["user_id"], before=task["ts"])
                 out.append(Answer(" " + older[-1]["text"]))
             else:
-                out.append(
-                    Answer(
-                        " It is good and it is good and it is good."
-                        if k % 3 == 0
-                        else f" My own words number {k}."
-                    )
-                )
+                texts = (" It is good and it is good and it is good.", " The crepes here are SOOOO yummy.")
+                out.append(Answer(texts[k % 3] if k % 3 < 2 else f" My own words number {k}."))
         return out
 
 
@@ -128,6 +137,10 @@ def test_tuned_write_writes_after_the_decided_stars_and_never_keeps_a_copy(
         encoder=packaged_minilm("cpu", 16),
     )
     predictions = agent.predict(tasks)
+    # a short review of the sample's store: a copy only for a task after it was written
+    written = write.short_texts(store.visible_texts())["the crepes here are soooo yummy"]
+    crepes = [p.candidates[2]["copied"] for p in predictions]
+    assert crepes == [t["ts"] > written for t in tasks] and any(crepes)
     greedy, sampled = fake.calls[0], fake.calls[1]
     assert greedy[1].temperature == 0 and sampled[1].temperature > 0 and len(sampled[0]) == 3 * len(tasks)
     for p, conversation in zip(predictions, greedy[0], strict=True):
@@ -135,7 +148,9 @@ def test_tuned_write_writes_after_the_decided_stars_and_never_keeps_a_copy(
         assert [c["source"] for c in p.candidates] == ["llm", "sample", "sample", "sample"]
         assert p.candidates[0]["copied"] and not p.candidates[p.chosen]["copied"]
         assert not p.candidates[p.chosen]["loops"] and p.review == p.candidates[p.chosen]["text"]
-        assert p.review.startswith("My own words") and set(p.candidates[0]["features"]) == set(write.FEATURES)
+        assert p.candidates[p.chosen]["source"] == "sample" and set(p.candidates[0]["features"]) == set(
+            write.FEATURES
+        )
         assert p.counts["copied_candidates"] >= 1 and p.counts["written_candidates"] == 4
     with pytest.raises(ValueError, match="leave selection out"):
         ReviewAgent(AgentConfig(kind="tuned-write", selection="mbr"), LLMConfig(), store, encoder=None)

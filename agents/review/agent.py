@@ -60,6 +60,7 @@ from agents.review.select import (
     uses_samples,
 )
 from agents.review.stars import GROUPS, StarModel
+from agents.text import words
 from data_prep.prompt import (
     FittedPrompt,
     answer_beginning,
@@ -350,6 +351,9 @@ class ReviewAgent:
             from agents.emotion import StandInEmotion
 
             self.emotion = StandInEmotion(encoder)
+            # the store's short reviews, each with the first time it was written: a candidate under 8
+            # words that equals one written before the task's moment is a copy (agents.review.write)
+            self.short_reviews = write.short_texts(store.visible_texts())
 
     def llm_validation_stars(self, adapter: str | None) -> dict[str, float]:
         """The LLM's stars for the drawn validation reviews that its adapter did not train on, each
@@ -731,9 +735,11 @@ class ReviewAgent:
                 ref_vectors[n_user:],
                 ref_emotions[:n_user],
                 ref_emotions[n_user:],
+                np.array([len(words(t)) for t, _ in pool]),
+                np.array([len(words(r["text"])) for r in ctx["user_reviews"]]),
             )
-            spans = write.copied_spans(known)
-            copied = [write.copies(t, spans) for t, _ in pool]
+            spans, moment = write.copied_spans(known), self.before(task)
+            copied = [write.copies(t, spans, self.short_reviews, moment) for t, _ in pool]
             looping = [write.loops(t) for t, _ in pool]
             p.candidates = [
                 {

@@ -8,16 +8,20 @@ sampled ones). Each gets six features, higher is better:
 - ``user_topic`` / ``item_topic``: cosine to the centroid of the user's / the item's older reviews;
 - ``sentiment``: -|VADER compound - the compound expected for the decided stars| / 2 (SentimentByStars);
 - ``user_emotion`` / ``item_emotion``: -mean |emotion scores - the mean scores of the user's / item's
-  older reviews| over the four labels (agents.emotion, on the first 300 characters, as the metric reads).
+  older reviews| over the four labels (agents.emotion, on the first 300 characters, as the metric reads);
+- ``user_length``: -|log((1 + words) / (1 + the median words of the user's older reviews))|.
 
 Cosines are on unit all-MiniLM-L6-v2 embeddings, the agent's retrieval encoder. A feature the task
 cannot have (no older review of the item) is 0 for every candidate, so it does not move the choice.
 The utility is the weighted sum; the weights come from the agent's config or from a rule chosen on
 validation tasks (eval.selection --utility). Ties go to the earlier candidate (the greedy answer first).
 
-Two checks come before the utility: a candidate that repeats an 8-word span of an older review the
-agent sees (``copied``) or repeats a 4-word span of its own (``loops``) is chosen only when every
-candidate is; both are kept with the pool and counted.
+Two checks come before the utility: a candidate that copies an older review (``copied``) or repeats a
+4-word span of its own (``loops``) is chosen only when every candidate is; both are kept with the pool
+and counted. A copy is one definition, shared with eval.fidelity: a text of 8 words or more that shares
+an 8-word span with one of the older reviews the agent sees, or a shorter text equal (case and spacing
+aside) to a review of the store written before the task's moment ("Great gift card." is a copy when
+someone wrote it before).
 """
 
 from __future__ import annotations
@@ -27,9 +31,17 @@ from collections.abc import Iterable
 import numpy as np
 
 from agents.retrieval import TIE
-from agents.text import repeats_ngram, spans, words
+from agents.text import normalise, repeats_ngram, spans, words
 
-FEATURES = ("consensus", "user_topic", "item_topic", "sentiment", "user_emotion", "item_emotion")
+FEATURES = (
+    "consensus",
+    "user_topic",
+    "item_topic",
+    "sentiment",
+    "user_emotion",
+    "item_emotion",
+    "user_length",
+)
 COPY_WORDS = 8  # a candidate sharing this many consecutive words with an older review is a copy
 LOOP_WORDS = 4  # a candidate repeating this many consecutive words of its own loops
 
@@ -42,8 +54,30 @@ def copied_spans(texts: Iterable[str], n: int = COPY_WORDS) -> set[tuple[str, ..
     return out
 
 
-def copies(text: str, known: set[tuple[str, ...]], n: int = COPY_WORDS) -> bool:
-    return not spans(words(text), n).isdisjoint(known)
+def short_texts(reviews: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Each (text, time) under COPY_WORDS words, normalised, with the earliest time it was written."""
+    out: dict[str, int] = {}
+    for text, ts in reviews:
+        tokens = words(text)
+        if len(tokens) < COPY_WORDS:
+            key = normalise(" ".join(tokens))
+            out[key] = min(ts, out.get(key, ts))
+    return out
+
+
+def copies(
+    text: str,
+    known: set[tuple[str, ...]],
+    short: dict[str, int] | None = None,
+    before: int | None = None,
+) -> bool:
+    """Whether ``text`` copies a review: an 8-word span in ``known`` (copied_spans), or, for a text under
+    8 words, a review in ``short`` (short_texts) written before ``before`` (any time when None)."""
+    tokens = words(text)
+    if len(tokens) >= COPY_WORDS:
+        return not spans(tokens, COPY_WORDS).isdisjoint(known)
+    written = (short or {}).get(normalise(" ".join(tokens)))
+    return written is not None and (before is None or written < before)
 
 
 def loops(text: str) -> bool:
@@ -67,9 +101,12 @@ def features(
     item_vectors: np.ndarray,
     user_emotions: np.ndarray,
     item_emotions: np.ndarray,
+    lengths: np.ndarray | None = None,
+    user_lengths: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """The features above for one pool: candidates' unit embeddings, VADER compounds and emotion
-    scores; the older reviews' unit embeddings and emotion scores (empty where there are none)."""
+    """The features above for one pool: candidates' unit embeddings, VADER compounds, emotion scores
+    and word counts; the older reviews' unit embeddings, emotion scores and the user's word counts
+    (empty where there are none)."""
     n = len(vectors)
     out = {}
     if n > 1:
@@ -86,6 +123,11 @@ def features(
             out[name] = np.zeros(n)
         else:
             out[name] = -np.abs(np.asarray(emotions) - np.asarray(older).mean(axis=0)).mean(axis=1)
+    if lengths is None or user_lengths is None or not len(user_lengths):
+        out["user_length"] = np.zeros(n)
+    else:
+        typical = 1.0 + float(np.median(user_lengths))
+        out["user_length"] = -np.abs(np.log((1.0 + np.asarray(lengths, np.float64)) / typical))
     return {k: out[k] for k in FEATURES}
 
 
