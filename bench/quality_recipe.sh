@@ -11,8 +11,9 @@
 # Per split (all: leave-last-out; temporal): 1. pairs from both samples, each blocking its own tasks and
 # validation tasks (and, temporal, keeping out its test period), 4 user and 2 item reviews, 512 tokens;
 # 2. the quality recipe on them: runs/quality/sft_quality_SPLIT (loss.png, samples/); 3. per sample,
-# stats, stats-mbr and tuned-mbr with that adapter and the prompt shape it was trained on, the MBR
-# selection chosen on the sample's val_SPLIT: suite_quality_SPLIT. Every step resumes or skips finished work.
+# stats, stats-mbr, tuned and tuned-write with that adapter and the prompt shape it was trained on,
+# stats-mbr's selection and tuned-write's utility chosen on the sample's val_SPLIT: suite_quality_SPLIT.
+# Every step resumes or skips finished work.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 Q=runs/quality
@@ -33,7 +34,7 @@ for SPLIT in $SPLITS; do
     "$PY" -m train.sft --config configs/sft/smollm2_cpu_quality.yaml --pairs "$Q/pairs_quality_$SPLIT" \
         --output_dir "$Q/sft_quality_$SPLIT" --overwrite true
     for S in $SAMPLES; do
-        "$PY" -m eval.suite --kinds stats stats-mbr tuned-mbr --data "$Q/$S/data" --tasks "$Q/$S/tasks_$SPLIT" \
+        "$PY" -m eval.suite --kinds stats stats-mbr tuned tuned-write --data "$Q/$S/data" --tasks "$Q/$S/tasks_$SPLIT" \
             --validation "$Q/$S/val_$SPLIT" --adapter "$Q/sft_quality_$SPLIT" --out "$Q/$S/suite_quality_$SPLIT" \
             --max-new-tokens 128 --set k_user=4 k_item=2 prompt_tokens=512 --overwrite
     done
