@@ -24,7 +24,8 @@ importance (data_prep.prompt.rank_memories); these must match the sandbox config
 with (the tests check them against the card).
 
 Writes OUT/train.jsonl, validation.jsonl (prompt/completion messages plus ``example_id``, ``user``,
-``date``, ``page``: the films shown), card.json (counts, token lengths, options; train.sft reads ``max_tokens``) and README.md.
+``date``, ``page``: the films shown, ``page_counts``: their ratings before the moment, as the page shows
+them), card.json (counts, token lengths, options; train.sft reads ``max_tokens``) and README.md.
 """
 
 from __future__ import annotations
@@ -141,11 +142,10 @@ def make_examples(data, targets, before: int, options: dict, embed, rng) -> tupl
     pages = []
     for target, page in built:
         counted = {m: (popularity.count(m, target.ts), popularity.mean(m, target.ts)) for m in page}
-        pages.append(
-            (target, page, page_observation(target.ts, page_lines(page, data.movies, counted, target.ts)))
-        )
-    observed = embed([text for _, _, text in pages])
-    for (target, page, seen), vector in zip(pages, observed, strict=True):
+        seen = page_observation(target.ts, page_lines(page, data.movies, counted, target.ts))
+        pages.append((target, page, seen, [counted[m][0] for m in page]))
+    observed = embed([text for _, _, text, _ in pages])
+    for (target, page, seen, page_counts), vector in zip(pages, observed, strict=True):
         now = movielens.user_at(data, target.user, target.ts)
         person = describe_person(
             f"User {target.user}",
@@ -163,6 +163,7 @@ def make_examples(data, targets, before: int, options: dict, embed, rng) -> tupl
                 "user": target.user,
                 "date": movielens.iso(target.ts),  # train.sft's training_data.json: the latest target
                 "page": page,  # the films shown, in order
+                "page_counts": page_counts,  # each film's ratings before the moment, as the page shows
                 "memories_shown": len(shown),  # the user's history the prompt shows
             }
         )

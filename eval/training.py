@@ -1,6 +1,7 @@
-"""The review task's own metric during training: what a recipe names as ``task_metric``.
+"""Each task's own metric during training: what a recipe names as ``task_metric``.
 
-    task_metric: eval.training:review_task_metric      # in a configs/sft/ recipe
+    task_metric: eval.training:review_task_metric      # review pairs (configs/sft/smollm2_cpu*.yaml)
+    task_metric: eval.training:choice_task_metric      # the sandbox's choice pairs
 
 train.sft calls it at step 0 (``eval_on_start``) and at every evaluation. It writes the greedy answer for
 ``task_examples`` validation pairs (users held out from training, spread over the file), scores the
@@ -11,6 +12,12 @@ nearest-centroid, time-aware: only reviews strictly older than the pair's target
 readable stars gets the user's median stars and is counted (``unreadable``); its text is scored as
 written.
 
+For choice pairs: the top-1 accuracy of the greedy answer (the number of a film on the page) on
+``task_examples`` validation pages, beside two references on the same pages: the most-rated film on the
+page (the counts the page shows, all older than the page's moment; ties share the credit) and chance
+(1 / the page's size). The sandbox's popularity baseline picks the most-rated film before the moment,
+so on a page it is the first reference. An answer that names no film of the page is wrong and counted.
+
 train never imports eval (tests/test_layout.py): the recipe names this function, and train.sft loads it
 by its import path.
 """
@@ -18,6 +25,7 @@ by its import path.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +36,7 @@ from data_prep.prompt import parse_completion
 from data_prep.schema import parse_iso
 from data_prep.store import ReviewStore
 from eval.backends import build_scorers
-from eval.metrics import paired_bootstrap
+from eval.metrics import bca_interval, paired_bootstrap
 from eval.scoring import score_pairs, summarise
 
 TERMS = {
@@ -50,6 +58,22 @@ def headline(scored: dict) -> dict[str, float]:
         "review_generation": round(s["review_generation"], 4),
         "preference_estimation": round(s["preference_estimation"], 4),
     }
+
+
+# what train.sft's loss.png draws of a metric's curve: each series beside its dotted reference
+REVIEW_PLOT = {
+    "ylabel": "greedy answer on validation pairs",
+    "title": "dotted: the copy baseline (nearest-centroid review)",
+    "series": {
+        name: [f"task_{name}", f"copy_{name}"]
+        for name in ("overall", "review_generation", "preference_estimation")
+    },
+}
+CHOICE_PLOT = {
+    "ylabel": "top-1 accuracy on validation pages",
+    "title": "dotted: the most-rated film on the page, and chance",
+    "series": {"top-1": ["task_accuracy", "most_rated_accuracy"], "chance": [None, "chance_accuracy"]},
+}
 
 
 class ReviewTaskMetric:
@@ -116,7 +140,7 @@ class ReviewTaskMetric:
         """For the model card: the curve, and at the kept step the paired difference against the base
         model (step 0: the adapter's B matrices start at zero) and against the copy baseline."""
         curve = [{k: v for k, v in h.items() if k != "terms"} for h in self.history]
-        out = {"examples": len(self.rows), "curve": curve}
+        out = {"examples": len(self.rows), "curve": curve, "plot": REVIEW_PLOT}
         by_step = {h["step"]: h for h in self.history}
         kept = (
             by_step.get(best_step) if best_step is not None else (self.history[-1] if self.history else None)
@@ -147,3 +171,91 @@ class ReviewTaskMetric:
 def review_task_metric(pairs: str, rows: list[dict], output_dir: str, max_new_tokens: int = 128):
     """What train.sft's ``task_metric`` loads for review pairs."""
     return ReviewTaskMetric(pairs, rows, output_dir, max_new_tokens)
+
+
+def first_number(text: str) -> int | None:
+    found = re.search(r"\d+", text)
+    return int(found.group()) if found else None
+
+
+class ChoiceTaskMetric:
+    """Top-1 accuracy of greedy answers on validation pages, beside the most-rated film on the page
+    and chance (module docstring)."""
+
+    def __init__(self, pairs: str, rows: list[dict], output_dir: str, max_new_tokens: int = 4):
+        if not rows:
+            raise ValueError("the task metric needs validation pairs")
+        if any("page_counts" not in r for r in rows):
+            raise SystemExit(
+                f"error: {pairs}/validation.jsonl has no page_counts: rebuild the pairs (data_prep.choice_pairs)"
+            )
+        self.rows, self.output_dir, self.max_new_tokens = rows, Path(output_dir), max_new_tokens
+        self.truth = np.array([int(r["completion"][0]["content"]) for r in rows])
+        counts = [np.asarray(r["page_counts"]) for r in rows]
+        # the most-rated film's credit: 1 / (films tied at the top) when the real one is among them
+        self.most_rated = np.array(
+            [
+                float(c[t - 1] == c.max()) / float((c == c.max()).sum())
+                for c, t in zip(counts, self.truth, strict=True)
+            ]
+        )
+        self.chance = np.array([1.0 / len(c) for c in counts])
+        self.history: list[dict] = []
+
+    @property
+    def prompts(self) -> list[str]:
+        return [r["rendered"] for r in self.rows]
+
+    def __call__(self, texts: list[str], step: int, write: bool = True) -> dict[str, float]:
+        picks = [first_number(t) for t in texts]
+        unreadable = [
+            p is None or not 1 <= p <= len(r["page"]) for p, r in zip(picks, self.rows, strict=True)
+        ]
+        correct = np.array([float(p == t) for p, t in zip(picks, self.truth, strict=True)])
+        metrics = {
+            "task_accuracy": round(float(correct.mean()), 4),
+            "most_rated_accuracy": round(float(self.most_rated.mean()), 4),
+            "chance_accuracy": round(float(self.chance.mean()), 4),
+            "task_unreadable": int(sum(unreadable)),
+        }
+        self.history.append({"step": step, **metrics, "correct": correct})
+        if write:
+            folder = self.output_dir / "task_eval"
+            folder.mkdir(parents=True, exist_ok=True)
+            rows = [
+                {"example_id": r["example_id"], "answer": t, "truth": int(k)}
+                for r, t, k in zip(self.rows, texts, self.truth, strict=True)
+            ]
+            (folder / f"step_{step}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+        return metrics
+
+    def summary(self, best_step: int | None) -> dict:
+        """The curve and, at the kept step, the paired accuracy difference (BCa, over pages) against the
+        base model (step 0) and against the most-rated film on the page."""
+        curve = [{k: v for k, v in h.items() if k != "correct"} for h in self.history]
+        out = {"examples": len(self.rows), "curve": curve, "plot": CHOICE_PLOT}
+        by_step = {h["step"]: h for h in self.history}
+        kept = (
+            by_step.get(best_step) if best_step is not None else (self.history[-1] if self.history else None)
+        )
+        if kept is None:
+            out["kept_step"] = best_step
+            out["note"] = "the kept step was evaluated before this process resumed: no paired comparison"
+            return out
+        out["kept_step"] = kept["step"]
+        others = {"adapter_minus_most_rated": self.most_rated}
+        if 0 in by_step and kept["step"] != 0:
+            others = {"adapter_minus_base": by_step[0]["correct"], **others}
+        for name, other in others.items():
+            diff = kept["correct"] - other
+            low, high, _ = bca_interval(diff)
+            out[name] = {
+                "accuracy": {"difference": round(float(diff.mean()), 4), "ci95": [round(low, 4), round(high, 4)],
+                             "n": len(diff)}
+            }  # fmt: skip
+        return out
+
+
+def choice_task_metric(pairs: str, rows: list[dict], output_dir: str, max_new_tokens: int = 4):
+    """What train.sft's ``task_metric`` loads for the sandbox's choice pairs."""
+    return ChoiceTaskMetric(pairs, rows, output_dir, max_new_tokens)

@@ -75,7 +75,8 @@ def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw
     out = tmp_path / "pairs"
     card = choice_pairs.main(
         ["--data", str(raw / "movielens_latest_small"), "--out", str(out), "--before", "2003-01-01",
-         "--examples", "24", "--per-user", "3", "--tokenizer", str(tiny_model), "--max-tokens", "2048"],
+         "--examples", "24", "--per-user", "3", "--tokenizer", str(tiny_model), "--max-tokens", "2048",
+         "--val-fraction", "0.25"],
         embed=embed,
     )  # fmt: skip
     rows = {
@@ -98,8 +99,20 @@ def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw
         ["--pairs", str(out), "--model_name_or_path", str(tiny_model), "--output_dir", str(run), "--use_peft",
          "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj", "--max_steps", "3", "--per_device_train_batch_size",
          "2", "--global_batch_size", "2", "--use_cpu", "--bf16", "false", "--report_to", "none", "--save_strategy", "no",
-         "--eval_strategy", "no", "--logging_steps", "1", "--activation_checkpointing", "false", "--learning_rate", "1e-2"],
+         "--eval_strategy", "steps", "--eval_steps", "3", "--eval_on_start", "true", "--logging_steps", "1",
+         "--activation_checkpointing", "false", "--learning_rate", "1e-2", "--max_eval_examples", "2",
+         "--task_metric", "eval.training:choice_task_metric", "--task_examples", "4", "--task_max_new_tokens", "3"],
     )  # fmt: skip
+    # the choice task's own metric at step 0 and at the end, beside the most-rated film on the same pages
+    curve = [h for h in trainer.state.log_history if "eval_task_accuracy" in h]
+    assert [h["step"] for h in curve] == [0, 3]
+    most_rated = [
+        max(r["page_counts"]) == r["page_counts"][int(r["completion"][0]["content"]) - 1]
+        for r in rows["validation"][:4]
+    ]
+    assert all(0 <= h["eval_most_rated_accuracy"] <= 1 for h in curve) and len(rows["validation"]) >= 4
+    assert curve[0]["eval_most_rated_accuracy"] <= np.mean(most_rated) + 1e-9  # ties share the credit
+    assert "## What it learned (4 validation examples" in (run / "README.md").read_text()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 3 and all(np.isfinite(losses))
     from safetensors.numpy import load_file
@@ -110,3 +123,29 @@ def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw
     )  # B starts at zero: it learned
     record = json.loads((run / "training_data.json").read_text())
     assert record["latest_target_ts"] < movielens.parse_moment("2003-01-01", ml)  # what the tests check
+
+
+def test_the_choice_metric_scores_answers_against_the_page_and_its_references(tmp_path):
+    from eval.training import ChoiceTaskMetric
+
+    def row(i, truth, counts):
+        completion = [{"role": "assistant", "content": str(truth)}]
+        return {"example_id": str(i), "page": list(range(len(counts))), "page_counts": counts,
+                "completion": completion, "rendered": f"prompt {i}"}  # fmt: skip
+
+    rows = [row(0, 2, [1, 9, 3, 0, 0]), row(1, 1, [5, 5, 0, 0, 0]), row(2, 4, [7, 1, 1, 2, 0])]
+    metric = ChoiceTaskMetric("unused", rows, str(tmp_path), max_new_tokens=3)
+    # the most-rated film: right on page 0, half right on page 1 (a tie of two), wrong on page 2
+    base = metric(["7", "no idea", "4."], step=0)
+    assert base == {"task_accuracy": round(1 / 3, 4), "most_rated_accuracy": 0.5, "chance_accuracy": 0.2,
+                    "task_unreadable": 2}  # fmt: skip
+    tuned = metric(["2", "1", "4"], step=5)
+    assert tuned["task_accuracy"] == 1.0 and tuned["task_unreadable"] == 0
+    card = metric.summary(5)
+    assert card["kept_step"] == 5 and [p["step"] for p in card["curve"]] == [0, 5]
+    assert card["adapter_minus_base"]["accuracy"]["difference"] == round(2 / 3, 4)
+    assert card["adapter_minus_most_rated"]["accuracy"]["difference"] == 0.5
+    written = (tmp_path / "task_eval" / "step_5.jsonl").read_text().splitlines()
+    assert [json.loads(x)["answer"] for x in written] == ["2", "1", "4"]
+    with pytest.raises(SystemExit, match="rebuild the pairs"):
+        ChoiceTaskMetric("old", [{k: v for k, v in rows[0].items() if k != "page_counts"}], str(tmp_path))

@@ -567,6 +567,9 @@ def test_the_task_metric_runs_at_step_0_and_every_evaluation_and_keeps_the_best_
     for comparison in ("adapter_minus_base", "adapter_minus_copy"):
         d = card[comparison]["overall"]
         assert d["n"] == 3 and d["ci95"][0] <= d["difference"] <= d["ci95"][1]
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "## What it learned (3 validation examples" in readme and f"| {best['step']} (kept) |" in readme
+    assert (tmp_path / "out" / "loss.png").stat().st_size > 0
     assert sorted(p.name for p in (tmp_path / "out" / "task_eval").iterdir()) == [
         "step_0.jsonl",
         "step_2.jsonl",

@@ -546,7 +546,7 @@ TASKS = {
     ),
     "sandbox_choice": (
         "the sandbox's choice of a film",
-        "Predicts the title of the film a MovieLens user watches next from a page (data_prep.choice_pairs)",
+        "Predicts the number, on a page, of the film a MovieLens user watches next (data_prep.choice_pairs)",
     ),
 }
 
@@ -570,7 +570,8 @@ def write_card(
     history = trainer.state.log_history
     train_points = [(h["step"], h["loss"]) for h in history if "loss" in h]
     eval_points = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
-    task_points = [h for h in history if "eval_task_overall" in h]
+    plot = (task_summary or {}).get("plot")
+    task_points = [h for h in history if any(k.startswith("eval_task_") for k in h)] if plot else []
     fig, axes = plt.subplots(1, 2 if task_points else 1, figsize=(11 if task_points else 6, 3.5))
     ax = axes[0] if task_points else axes
     if train_points:
@@ -580,16 +581,20 @@ def write_card(
     ax.set_xlabel("step")
     ax.set_ylabel("loss (completion tokens)")
     ax.legend()
-    if task_points:  # the task's own metric on validation pairs, beside the copy baseline's
+    if task_points:  # the task's own metric on validation, each series beside its dotted reference
         steps = [h["step"] for h in task_points]
-        for name, colour in (("overall", "C0"), ("review_generation", "C1"), ("preference_estimation", "C2")):
-            axes[1].plot(steps, [h[f"eval_task_{name}"] for h in task_points], "o-", color=colour, label=name)
-            axes[1].axhline(task_points[0][f"eval_copy_{name}"], color=colour, ls=":", lw=1)
-        if task_summary and "kept_step" in task_summary:
+        for k, (label, (key, reference)) in enumerate(plot["series"].items()):
+            colour = f"C{k}"
+            if key:
+                axes[1].plot(steps, [h[f"eval_{key}"] for h in task_points], "o-", color=colour, label=label)
+            axes[1].axhline(
+                task_points[0][f"eval_{reference}"], color=colour, ls=":", lw=1, label=None if key else label
+            )
+        if "kept_step" in task_summary:
             axes[1].axvline(task_summary["kept_step"], color="grey", lw=1)
         axes[1].set_xlabel("step (grey: the kept checkpoint)")
-        axes[1].set_ylabel("greedy answer on validation pairs")
-        axes[1].set_title("dotted: the copy baseline (nearest-centroid review)", fontsize=9)
+        axes[1].set_ylabel(plot["ylabel"])
+        axes[1].set_title(plot["title"], fontsize=9)
         axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(Path(output_dir) / "loss.png", dpi=120)
@@ -635,6 +640,7 @@ def write_card(
         "",
         f"{what[1]}, from the prompt of data_prep/prompt.py.",
         "",
+        *learned(task_summary),
         *(f"- **{k}**: `{json.dumps(v, default=str)}`" for k, v in card.items()),
         f"- **training data**: `{recipe.pairs}` — `{json.dumps(data_card, default=str) if data_card else 'no card'}`",
         "",
@@ -643,9 +649,36 @@ def write_card(
         yaml.safe_dump(json.loads(json.dumps(recipe_dump, default=str)), sort_keys=False).strip(),
         "```",
         "",
-        "Loss curve and the task metric beside the copy baseline: loss.png. Full record: training_card.json.",
+        "Loss curve and the task metric beside its references: loss.png. Full record: training_card.json.",
     ]
     (Path(output_dir) / "README.md").write_text("\n".join(text) + "\n")
+
+
+def learned(task_summary: dict | None) -> list[str]:
+    """The card's first section: the task metric at each evaluation beside its references, the step
+    kept, and the paired differences at it (the metric's own summary)."""
+    if not task_summary or not task_summary.get("curve"):
+        return []
+    keys = [k for pair in task_summary["plot"]["series"].values() for k in pair if k]
+    lines = [
+        f"## What it learned ({task_summary['examples']} validation examples, greedy answers)",
+        "",
+        "| step | " + " | ".join(keys) + " |",
+        "|---" * (len(keys) + 1) + "|",
+    ]
+    for point in task_summary["curve"]:
+        kept = " (kept)" if point["step"] == task_summary.get("kept_step") else ""
+        lines.append(f"| {point['step']}{kept} | " + " | ".join(str(point.get(k, "–")) for k in keys) + " |")
+    lines.append("")
+    for name, by_metric in task_summary.items():
+        if name.startswith("adapter_minus_"):
+            for metric, d in by_metric.items():
+                low, high = d["ci95"]
+                lines.append(
+                    f"- {name.replace('_', ' ')}, {metric}: {d['difference']:+.4f} [{low:+.4f}, {high:+.4f}] "
+                    f"(paired, {d['n']} examples)"
+                )
+    return [*lines, ""]
 
 
 def write_training_data(output_dir: str, recipe: RecipeArguments) -> None:
