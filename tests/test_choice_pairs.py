@@ -12,7 +12,7 @@ from agents.sandbox.agent import agents_at, watch_messages
 from agents.sandbox.config import load_config
 from agents.sandbox.memory import LLMMemoryModel
 from data_prep import choice_pairs, movielens
-from data_prep.prompt import watched_line
+from data_prep.prompt import page_lines, watched_line
 from data_prep.schema import parse_iso
 
 
@@ -33,8 +33,12 @@ def test_a_pair_prompt_is_the_page_prompt_the_sandbox_agent_sees(ml):
     config = load_config("configs/sandbox/movielens.yaml", [])  # the shipped config: 3 recent, 3 recalled
     for example, target in zip(examples, targets, strict=True):
         (agent,) = agents_at(ml, [target.user], [target.ts], config, embed, LLMMemoryModel(None), rng)
-        shown = example["prompt"][1]["content"].split("The recommender shows:\n")[1].split("\n\n# Task")[0]
+        # the page as the sandbox lists it at that moment: the films' ratings before it (World.listing)
+        popularity = ml.popularity()
+        counts = {m: (popularity.count(m, target.ts), popularity.mean(m, target.ts)) for m in example["page"]}
+        shown = page_lines(example["page"], ml.movies, counts, target.ts)
         assert watch_messages(agent, shown, target.ts, 0) == example["prompt"]
+        assert example["page_counts"] == [counts[m][0] for m in example["page"]]
         assert example["completion"][0]["content"] == str(example["page"].index(target.movie) + 1)
         line = shown.splitlines()[example["page"].index(target.movie)]
         assert line.startswith(example["completion"][0]["content"] + ". " + ml.movies[target.movie].title)

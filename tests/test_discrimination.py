@@ -116,7 +116,9 @@ def test_an_agent_row_is_built_at_each_cutoff_and_chooses_its_normalisation_on_v
     assert "It is 1970-01-01" in test_prompt
     remembered = test_prompt.split("# What you remember")[1].split("# Now")[0]
     assert "Movie 1" in remembered and "Movie 3" not in remembered  # the history before the cutoff only
-    assert "[1 rating, average 4.0]" in test_prompt or "no ratings yet" in test_prompt
+    # the page's counts are as of the cutoff: film 5 had user 2's rating at t=5; film 3's first is at 30
+    lines = {m: next(x for x in test_prompt.splitlines() if f"Movie {m} " in x and ". " in x) for m in (5, 3)}
+    assert "[1 rating, average 4.0]" in lines[5] and "no ratings yet" in lines[3]
 
 
 def test_claims_are_paired_and_bonferroni_corrected_over_the_claims_made():
