@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sandbox's checks end to end (bench/README.md, "Recommender sandbox"): choice pairs strictly before
-# AFTER, the CPU adapter on them (under an hour), then the three tests on the same 100 users, each with
+# AFTER, the CPU adapter on them (until validation accuracy stops improving), then the three tests on the same 100 users, each with
 # the tuned rows. Every step resumes where it stopped when rerun. About 4 hours on 2 cores.
 #   bash bench/sandbox_tests.sh                      # ml-latest-small from ../shared
 #   DATA=path/to/ml-folder AFTER=2012-01-01 PAIRS=runs/pairs/other ADAPTER=runs/sandbox/sft/other OUT=runs/other \
@@ -14,11 +14,11 @@ CONFIG=configs/sandbox/movielens.yaml
 PAIRS=${PAIRS:-runs/pairs/choices}  # the recipe's folders; another DATA or AFTER wants its own
 ADAPTER=${ADAPTER:-runs/sandbox/sft/choice}
 # the pairs are rebuilt each time (4 minutes; the same files for the same DATA and AFTER). train.sft
-# resumes a stopped run and refuses an adapter folder that was trained on other pairs (its fingerprint),
-# naming what changed; a finished adapter is kept as it is
+# skips a finished adapter trained on the same inputs, resumes a stopped one, and retrains one whose
+# pairs or recipe changed (its fingerprint; --overwrite true), so a stale adapter is never kept
 "$PY" -m data_prep.choice_pairs --data "$DATA" --out "$PAIRS" --before "$AFTER" --examples 6000
-[ -f "$ADAPTER/training_card.json" ] \
-    || "$PY" -m train.sft --config configs/sft/smollm2_choice_cpu.yaml --pairs "$PAIRS" --output_dir "$ADAPTER"
+"$PY" -m train.sft --config configs/sft/smollm2_choice_cpu.yaml --pairs "$PAIRS" --output_dir "$ADAPTER" \
+    --overwrite true
 "$PY" -m eval.discrimination --config "$CONFIG" --set "data=$DATA" --out "$OUT/discrimination" \
     --after "$AFTER" --adapter "$ADAPTER"
 "$PY" -m eval.generation --config "$CONFIG" --set "data=$DATA" --out "$OUT/generation" --after "$AFTER" \

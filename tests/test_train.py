@@ -581,3 +581,48 @@ def test_a_task_metric_that_is_not_module_colon_function_is_refused(tmp_path, ti
     config = recipe(tmp_path, tiny_model, amazon_pairs, task_metric="eval.training.review_task_metric")
     with pytest.raises(SystemExit, match="is not module:function"):
         sft.main(["--config", str(config)])
+
+
+class FallingMetric:
+    """A scripted task metric: its accuracy halves at every evaluation, so step 0 stays the best."""
+
+    def __init__(self, pairs, rows, output_dir, max_new_tokens):
+        self.prompts, self.max_new_tokens, self.calls = [r["rendered"] for r in rows], max_new_tokens, 0
+
+    def __call__(self, answers, step, write=True):
+        assert len(answers) == len(self.prompts)
+        self.calls += 1
+        return {"task_accuracy": 1.0 / 2**self.calls, "most_rated_accuracy": 0.5, "chance_accuracy": 0.2}
+
+    def summary(self, kept_step):
+        return {"examples": len(self.prompts), "curve": [], "kept_step": kept_step,
+                "plot": {"ylabel": "accuracy", "title": "scripted",
+                         "series": {"top-1": ["task_accuracy", "most_rated_accuracy"]}}}  # fmt: skip
+
+
+def falling_metric(pairs, rows, output_dir, max_new_tokens):
+    return FallingMetric(pairs, rows, output_dir, max_new_tokens)
+
+
+def test_the_task_metric_stops_a_run_that_does_not_improve_and_a_rerun_keeps_it(
+    tmp_path, tiny_model, amazon_pairs
+):
+    config = recipe(
+        tmp_path, tiny_model, amazon_pairs, max_steps=12, eval_strategy="steps", eval_steps=2,
+        save_strategy="steps", save_steps=2, eval_on_start=True, task_metric="tests.test_train:falling_metric",
+        task_examples=2, task_max_new_tokens=2, metric_for_best_model="task_accuracy", greater_is_better=True,
+        load_best_model_at_end=True, early_stopping_patience=2,
+    )  # fmt: skip
+    trainer = sft.main(["--config", str(config)])
+    # step 0 has no checkpoint to keep, so step 2 is the first best; steps 4 and 6 are worse: two
+    # evaluations without a better one stop the run at 6 of 12, and step 2's checkpoint is kept
+    assert trainer.state.global_step == 6 and trainer.state.best_model_checkpoint.endswith("checkpoint-2")
+    card = json.loads((tmp_path / "out" / "training_card.json").read_text())
+    assert card["stopped_early"] and card["steps"] == 6
+    assert [p["step"] for p in card["task_metric"]["curve"]] == [0, 2, 4, 6]  # the whole curve, from the log
+    assert [p["task_accuracy"] for p in card["task_metric"]["curve"]] == [0.5, 0.25, 0.125, 0.0625]
+    again = sft.main(["--config", str(config)])  # a finished run, stopped early: nothing to do
+    assert (
+        again.state.global_step == 6
+        and json.loads((tmp_path / "out" / "training_card.json").read_text()) == card
+    )

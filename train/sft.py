@@ -222,13 +222,16 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
 
 def finished(checkpoint: str, output_dir: str) -> bool:
     """Whether ``checkpoint`` is the last step of a run that ended and saved its adapter and card there
-    (the card's steps are the checkpoint's, and those are all its max_steps)."""
+    (the card's steps are the checkpoint's, and those are all its max_steps or it stopped early there)."""
     state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
     card = Path(output_dir) / "training_card.json"
     if not (card.exists() and (Path(output_dir) / "adapter_model.safetensors").exists()):
         return False
-    steps = json.loads(card.read_text()).get("steps")
-    return 0 < state.get("max_steps", 0) <= state["global_step"] == steps
+    record = json.loads(card.read_text())
+    if record.get("steps") != state["global_step"]:
+        return False
+    # it ran to max_steps, or the task metric stopped it (early_stopping_patience) at this step
+    return 0 < state.get("max_steps", 0) <= state["global_step"] or bool(record.get("stopped_early"))
 
 
 def resume_point(explicit: str | None, output_dir: str) -> str | None:
@@ -571,7 +574,14 @@ def write_card(
     train_points = [(h["step"], h["loss"]) for h in history if "loss" in h]
     eval_points = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h]
     plot = (task_summary or {}).get("plot")
-    task_points = [h for h in history if any(k.startswith("eval_task_") for k in h)] if plot else []
+    by_step = {h["step"]: h for h in history if any(k.startswith("eval_task_") for k in h)} if plot else {}
+    task_points = [by_step[step] for step in sorted(by_step)]
+    if task_points:  # the whole curve, evaluations before a resume included (trainer_state.json keeps them)
+        keys = {k for pair in plot["series"].values() for k in pair if k} | {"task_unreadable"}
+        task_summary["curve"] = [
+            {"step": h["step"], **{k: h[f"eval_{k}"] for k in sorted(keys) if f"eval_{k}" in h}}
+            for h in task_points
+        ]
     fig, axes = plt.subplots(1, 2 if task_points else 1, figsize=(11 if task_points else 6, 3.5))
     ax = axes[0] if task_points else axes
     if train_points:
@@ -619,6 +629,7 @@ def write_card(
             "4bit": model_args.load_in_4bit,
         },
         "steps": trainer.state.global_step,
+        "stopped_early": 0 < trainer.state.global_step < trainer.state.max_steps,
         "throughput": throughput(trainer, resumed_from_step),
         "final_train_loss": train_points[-1][1] if train_points else None,
         "train_losses": [loss for _, loss in train_points],
@@ -809,6 +820,8 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
         from transformers import EarlyStoppingCallback
 
         own.append(EarlyStoppingCallback(recipe.early_stopping_patience))
+        # a resumed run keeps counting the evaluations without a better one (trainer_state.json)
+        training_args.restore_callback_states_from_checkpoint = True
     trainer = SFTTrainer(
         model=model,
         args=training_args,
