@@ -60,3 +60,24 @@ def test_every_shipped_sandbox_config_loads():
     for path in configs:
         config = load_config(path)
         assert config.agents >= 1 and config.llm.model
+
+
+def test_the_shipped_config_is_the_validated_agent_and_the_run_says_which_it_uses():
+    from agents.sandbox.run import decisions
+
+    shipped = load_config("configs/sandbox/movielens.yaml", [])
+    assert (shipped.decision.mode, shipped.decision.normalisation, shipped.decision.choice_weight) == (
+        "score",
+        "mean",
+        8,
+    )  # what the discrimination test chose on validation users for the base model (bench/README.md)
+    said = decisions(shipped)
+    assert (
+        "base model, no adapter" in said and "plus 8 x the choice model" in said and "alone (no LLM" in said
+    )
+    tuned = load_config(
+        "configs/sandbox/movielens.yaml", ["llm.adapter=runs/sandbox/sft/choice", "decision.choice_weight=2"]
+    )
+    assert "with the adapter runs/sandbox/sft/choice" in decisions(tuned) and "plus 2 x" in decisions(tuned)
+    alone = load_config("configs/sandbox/movielens.yaml", ["decision.choice_weight=0"])
+    assert "the LLM alone" in decisions(alone)

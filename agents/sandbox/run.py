@@ -170,6 +170,7 @@ def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool =
         from agents.retrieval import Retriever
 
         embed = Retriever(packaged_minilm("cpu", 64)).embed
+    print(decisions(config))
     if fresh:
         aligned = sum(p.user is not None for p in profiles)
         print(
@@ -177,6 +178,32 @@ def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool =
             f"{day(start)}); starting their memories"
         )
     return World(config, profiles, data, backend, embed, graph, rng, human, fresh=fresh)
+
+
+def decisions(config) -> str:
+    """One line at start: which model and rule make the agents' decisions and stars."""
+    model = (
+        f"{config.llm.model} with the adapter {config.llm.adapter}"
+        if config.llm.adapter
+        else (f"{config.llm.model} (base model, no adapter)")
+    )
+    d = config.decision
+    if d.mode == "score":
+        choice = f"films scored by {model} ({d.normalisation})"
+        choice += (
+            f" plus {d.choice_weight:g} x the choice model's log-odds"
+            if d.choice_weight
+            else ", the LLM alone"
+        )
+    else:
+        choice = f"films chosen by {model} generating its answer"
+    stars = (
+        f"the star model, blended with the LLM's {config.stars.read} stars where {config.stars.llm_validation} "
+        "validation ratings show it helps"
+        if config.stars.llm_validation
+        else "the star model fitted on real ratings, alone (no LLM asked)"
+    )
+    return f"decisions: {choice}; stars: {stars}"
 
 
 # how to reach the model, not which model (a requeued job gets another port), and how fast it answers
