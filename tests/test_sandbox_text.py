@@ -2,6 +2,8 @@
 a loop), the template that states the film and the stars when the model cannot write, chats that are
 about what the agents watched, and the decoding controls against loops reaching the backend."""
 
+import json
+
 import numpy as np
 import pytest
 from sandbox_fakes import Scripted, embed
@@ -135,3 +137,94 @@ def test_the_sandbox_config_sets_the_controls_and_the_summary_says_which_applied
     # not asked of a backend that cannot apply it (a real one refuses), and recorded per kind of call
     assert sampled and all(s.repetition_penalty == 1.0 for s in sampled)
     assert summary["decoding"] and all(d["repetition_penalty"] == 1.0 for d in summary["decoding"].values())
+
+
+def test_the_text_checks_by_hand():
+    from agents.sandbox import textcheck as tc
+
+    index = tc.title_index(
+        {1: "Matrix, The (1999)", 2: "Casino (1995)", 3: "Up (2009)", 4: "Toy Story (1995)"}
+    )
+    assert tc.films_named("I loved the Matrix and TOY STORY; casino, up", index) == {
+        1,
+        2,
+        4,
+    }  # "up" too short
+    assert tc.films_named("casinos at night", index) == set()  # whole words only
+    longer = tc.title_index({5: "Enemy (2013)", 6: "Enemy of the State (1998)"})
+    assert tc.films_named("Enemy of the State, then Enemy", longer) == {5, 6}
+    assert tc.films_named("I watched Enemy of the State", longer) == {6}  # not "Enemy" inside it
+    assert (
+        tc.feeling_agrees(-0.6, 4.5) is False and tc.feeling_agrees(0.6, 4.5) and tc.feeling_agrees(-0.6, 3)
+    )
+    assert tc.feeling_agrees(-0.6, 2.0) and not tc.feeling_agrees(0.6, 2.0)
+    genres = {1: ["Action", "Sci-Fi"], 4: ["Animation"]}
+    assert tc.search_on_taste([4, 1], genres, ["sci-fi"]) and not tc.search_on_taste([4], genres, ["Sci-Fi"])
+    assert not tc.search_on_taste([], genres, ["Sci-Fi"])  # nothing found: off taste
+    assert tc.interview_truthful("Casino was great", {2, 4}, index)
+    assert not tc.interview_truthful("Casino and The Matrix", {2}, index)  # names one it did not watch
+    assert not tc.interview_truthful("I like films", {2}, index)  # names none
+    memories = ["I watched Casino (1995), 4 of 5, a tense crime story", "Robbery films keep me awake"]
+    assert tc.grounded("I like tense crime stories such as Casino", memories, index)
+    assert not tc.grounded("I like Toy Story and crime", memories, index)  # a film no memory names
+    assert not tc.grounded("Nothing in common here", memories, index)
+
+
+class Critic(Scripted):
+    """Every agent browses, watches the first film with a bitter feeling, or searches for nonsense."""
+
+    def __init__(self, search=False):
+        super().__init__({})
+        self.search, self.said = search, None
+
+    def answer(self, conversation, constraint):
+        if constraint.kind == "choice" and "recommender" in constraint.options:
+            return "recommender"
+        if constraint.kind != "choice" and "items" in json.loads(constraint.schema)["properties"]:
+            if self.search:
+                return json.dumps({"action": "search", "items": [], "query": "zzqx", "feeling": ""})
+            return json.dumps({"action": "watch", "items": [1], "query": "", "feeling": "I hated it, awful"})
+        if self.said is not None and constraint.kind != "choice" and "say" in constraint.schema:
+            return json.dumps({"say": self.said})
+        return super().answer(conversation, constraint)
+
+
+def test_each_round_checks_what_the_llm_wrote_beside_its_template(ml):
+    w = world(ml, Critic())
+    events, stats = w.step()
+    stars = [e["stars"] for e in events if e["action"] == "watch"]
+    checks = stats["text_checks"]
+    # a bitter feeling agrees only with at most 3 stars; the template (verdict(stars)) always agrees
+    assert stars and checks["feeling"]["texts"] == len(stars)
+    assert checks["feeling"]["passed"] == pytest.approx(np.mean([s < 3.5 for s in stars]), abs=1e-4)
+    assert checks["feeling"]["template_passed"] == 1.0 and checks["feeling"]["passed"] < 1.0
+    # the scripted summary is the observation's own last line: grounded in it
+    assert checks["summary"]["passed"] == 1.0 and checks["summary"]["texts"] > 0
+    assert w.step()[1]["text_checks"].keys() >= {"feeling"}  # each round reports its own texts
+
+
+def test_a_search_off_the_agents_taste_fails_and_the_template_can_stand_in(ml):
+    w = world(ml, Critic(search=True))
+    _, stats = w.step()
+    check = stats["text_checks"]["search"]
+    assert check["by"] == "llm" and check["passed"] == 0.0  # "zzqx" finds nothing
+    assert check["template_passed"] > 0  # the agents' first interests find films of their genres
+    w = world(ml, Critic(search=True), ["text.search=template"])
+    events, stats = w.step()
+    searches = [e for e in events if e["action"] == "search"]
+    assert searches and all(e["text"] == w.agents[e["agent"]].profile.interests[0] for e in searches)
+    assert stats["text_checks"]["search"]["by"] == "template"
+
+
+def test_an_interview_answer_is_checked_against_the_films_the_agent_watched(ml):
+    backend = Critic()
+    w = world(ml, backend)
+    name = next(iter(w.agents))
+    agent = w.agents[name]
+    watched = ml.movies[agent.profile.history[-1][0]].title  # as the catalogue writes it, year and all
+    never = next(m.title for i, m in ml.movies.items() if i not in agent.seen() and len(m.title) > 12)
+    for said in (f"I watched {watched}", f"I watched {never}", "I like films"):
+        backend.said = said
+        assert w.interview(name, "What did you watch?") == said
+    checks = [row for row in w.written if row["kind"] == "interview"]
+    assert [row["passed"] for row in checks] == [True, False, False]

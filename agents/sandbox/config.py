@@ -110,6 +110,9 @@ class TextConfig:
     # llm: the agents write their chats and posts; template: a fixed sentence states the same content
     # (the film, the stars), for a model that cannot write a readable message
     messages: str = Field("llm", pattern="^(llm|template)$")
+    # llm: an agent that searches types its query; template: its first interest is the query
+    # (agents/sandbox/textcheck.py checks both each round: do the results share a genre with its taste)
+    search: str = Field("llm", pattern="^(llm|template)$")
     repetition_penalty: float = Field(1.0, ge=1)  # hf and vllm backends
     no_repeat_ngram_size: int = Field(0, ge=0)  # hf backend
 

@@ -87,6 +87,8 @@ class LLMMemoryModel:
         self.backend, self.sampling = backend, sampling or Sampling(max_new_tokens=96)
         self.around = around or (lambda kind: nullcontext())
         self.counts: Counter = Counter()
+        # (kind, text, the memories it was made from) of every usable answer, until the world checks them
+        self.written: list[tuple[str, str, list[str]]] = []
 
     def _ask(self, prompts: list[str], constraint: Constraint, key: str) -> list[dict | None]:
         with self.around("memory"):
@@ -122,18 +124,21 @@ class LLMMemoryModel:
                 out.append((observation, 0.5))
             else:
                 out.append((str(value["summary"]), score / 10))
+                self.written.append(("summary", out[-1][0], [observation]))
         return out
 
-    def _sentences(self, instruction: str, groups: list[list[str]]) -> list[str | None]:
+    def _sentences(self, instruction: str, groups: list[list[str]], kind: str) -> list[str | None]:
         """One sentence from each group of memories, all groups in one batched call; None for an unusable
         answer (counted as a fallback)."""
         if not groups:
             return []
         prompts = [instruction + "\n" + "\n".join(f"- {t}" for t in texts) for texts in groups]
         out = []
-        for value in self._ask(prompts, SENTENCE, "insight"):
+        for value, texts in zip(self._ask(prompts, SENTENCE, "insight"), groups, strict=True):
             if value is None:
                 self.counts["fallbacks"] += 1
+            else:
+                self.written.append((kind, str(value["insight"]), texts))
             out.append(str(value["insight"]) if value else None)
         return out
 
@@ -141,11 +146,14 @@ class LLMMemoryModel:
         """The insight each repeated theme (a record and its enhancers) adds up to; the record itself when
         the answer is unusable."""
         instruction = "These memories repeat one theme. Write the insight they add up to, in one sentence."
-        answers = self._sentences(instruction, [[record, *enhancers] for record, enhancers in themes])
+        answers = self._sentences(
+            instruction, [[record, *enhancers] for record, enhancers in themes], "insight"
+        )
         return [answer or record for answer, (record, _) in zip(answers, themes, strict=True)]
 
     def reflections(self, groups: list[list[str]]) -> list[str | None]:
-        return self._sentences("From these memories, write one higher-level insight about yourself.", groups)
+        instruction = "From these memories, write one higher-level insight about yourself."
+        return self._sentences(instruction, groups, "reflection")
 
 
 class Memory:

@@ -47,6 +47,13 @@ from agents.sandbox.profiles import Profile
 from agents.sandbox.rating import Rater
 from agents.sandbox.recommender import Feed
 from agents.sandbox.social import activity_levels, levels_from_counts
+from agents.sandbox.textcheck import (
+    feeling_agrees,
+    grounded,
+    interview_truthful,
+    search_on_taste,
+    title_index,
+)
 from agents.text import distinct, repeats_ngram, words
 from data_prep.movielens import day, existing_films, parse_moment
 from data_prep.prompt import build_sandbox_messages, observation, page_lines, watched_line
@@ -181,6 +188,11 @@ class World:
         self.catalogue = existing_films(data, self.start)
         self.index = BM25([self.movies[i].text(tags_before=self.start) for i in self.catalogue])
         self.activity_fit: dict | None = None
+        # what the LLM writes in an agent's name, checked (textcheck.py): this round's, for statistics
+        self.titles = title_index({m: movie.title for m, movie in self.movies.items()})
+        self.genres = {m: movie.genres for m, movie in self.movies.items()}
+        self.written: list[dict] = []
+        self.vader = None
         levels = self.levels(profiles, data)
         agents = start_agents(profiles, levels, config, self.movies, embed, self.model, rng) if fresh else []
         self.agents = {a.profile.name: a for a in agents}
@@ -305,6 +317,7 @@ class World:
             for memory in memories:
                 memory.forget(self.round)
             reflect_all(memories, self.round)  # one batched call for everyone
+            self.check_memory()
         return events, self.statistics(events, shown, len(active))
 
     # -- the recommender -----------------------------------------------------------------------------------
@@ -331,7 +344,11 @@ class World:
                 for item in items
             ]
             self.watch(watching, events)
-            searching = [(a, m[1]) for a, m in zip(visiting, moves, strict=True) if m[0] == "search"]
+            searching = [
+                (a, self.template_query(a) if self.config.text.search == "template" else m[1])
+                for a, m in zip(visiting, moves, strict=True)
+                if m[0] == "search"
+            ]
             still = []
             for agent, (action, _, _) in zip(visiting, moves, strict=True):
                 name = agent.profile.name
@@ -351,6 +368,7 @@ class World:
                 name = agent.profile.name
                 seen[name] |= set(pages[name])
                 found = self.search(query, agent.seen() | seen[name])
+                self.check_search(agent, query, found, agent.seen() | seen[name])
                 self.log(events, name, "search", text=query, items=found)
                 if not found:  # nothing matches: the visit ends, counted
                     self.counts["fallback:search_found_nothing"] += 1
@@ -427,6 +445,10 @@ class World:
         ):
             moves[k] = ("watch", [item], "") if item is not None else ("fallback", [], "")
         searchers = [k for k, act in enumerate(actions) if act == "search"]
+        if searchers and self.config.text.search == "template":  # the query is the agent's first interest
+            for k in searchers:
+                moves[k] = ("search", "", "")  # browse() puts in the template's query
+            searchers = []
         if searchers:
             asked = self.decider.ask(
                 "search", [names[k] for k in searchers],
@@ -490,6 +512,9 @@ class World:
         stars, sources = self.rater.rate(
             [a for a, _, _ in watching], [m for _, m, _ in watching], [self.now] * n, [self.round] * n
         )
+        felt = [(feeling, value) for (_, _, feeling), value in zip(watching, stars, strict=True) if feeling]
+        if felt:
+            self.check_feelings(felt)
         for (agent, item, feeling), value, source in zip(watching, stars, sources, strict=True):
             agent.rated.append([item, value, self.round])
             self.site[item] += 1
@@ -723,6 +748,7 @@ class World:
         """Every agent's observations of the round, compressed in one batched call, then stored."""
         if remember(list(self.agents.values()), self.model, self.round):
             self.counts["llm_batches"] += 1
+        self.check_memory()
 
     def interview(self, name: str, question: str) -> str:
         agent = self.agents[name]
@@ -733,7 +759,86 @@ class World:
             f"An interviewer asks you a question.\n{films_line(agent.recent(self.movies))}",
         )
         value = parse_json(self.decider.ask("interview", [name], [prompt], SAY)[0])
-        return str(value["say"]) if value and value.get("say") else "(no usable answer)"
+        answer = str(value["say"]) if value and value.get("say") else "(no usable answer)"
+        watched = agent.seen()
+        template = "I watched " + "; ".join(t for t, _ in agent.recent(self.movies)) + "."
+        self.written.append(
+            {
+                "kind": "interview",
+                "by": "llm",
+                "text": answer,
+                "passed": interview_truthful(answer, watched, self.titles),
+                "template_passed": interview_truthful(template, watched, self.titles),
+            }
+        )
+        return answer
+
+    # -- what the LLM writes, checked (textcheck.py) --------------------------------------------------------------
+    def check_feelings(self, felt: list[tuple[str, float]]) -> None:
+        if self.vader is None:
+            from agents.encoders import VaderSentiment
+
+            self.vader = VaderSentiment(offline=True)
+        scores = self.vader([f for f, _ in felt] + [verdict(v) for _, v in felt])
+        own, templates = scores[: len(felt)], scores[len(felt) :]
+        for (feeling, value), mine, template in zip(felt, own, templates, strict=True):
+            self.written.append(
+                {
+                    "kind": "feeling",
+                    "by": "llm",
+                    "text": feeling,
+                    "passed": feeling_agrees(float(mine), value),
+                    "template_passed": feeling_agrees(float(template), value),
+                }
+            )
+
+    def template_query(self, agent: Agent) -> str:
+        return agent.profile.interests[0] if agent.profile.interests else ""
+
+    def check_search(self, agent: Agent, query: str, found: list[int], exclude: set[int]) -> None:
+        genres, template = self.genres, self.template_query(agent)
+        interests = agent.profile.interests
+        self.written.append(
+            {
+                "kind": "search",
+                "by": self.config.text.search,
+                "text": query,
+                "passed": search_on_taste(found, genres, interests),
+                "template_passed": bool(template)
+                and search_on_taste(self.search(template, exclude), genres, interests),
+            }
+        )
+
+    def check_memory(self) -> None:
+        """The memory's new texts: each grounded in the memories it was made from? Its template, the first
+        of them, is checked the same way."""
+        for kind, text, sources in self.model.written:
+            self.written.append(
+                {
+                    "kind": kind,
+                    "by": "llm",
+                    "text": text,
+                    "passed": grounded(text, sources, self.titles),
+                    "template_passed": grounded(sources[0], sources, self.titles),
+                }
+            )
+        self.model.written = []
+
+    def text_checks(self) -> dict:
+        """Per kind of text this round: how many, the share that passed its check, the same for the
+        template, and distinct-2; then the round's texts are cleared."""
+        out = {}
+        for kind in sorted({w["kind"] for w in self.written}):
+            rows = [w for w in self.written if w["kind"] == kind]
+            out[kind] = {
+                "texts": len(rows),
+                "by": rows[0]["by"],
+                "passed": round(float(np.mean([w["passed"] for w in rows])), 4),
+                "template_passed": round(float(np.mean([w["template_passed"] for w in rows])), 4),
+                "distinct_2": round(distinct([words(w["text"]) for w in rows], 2), 4),
+            }
+        self.written = []
+        return out
 
     def broadcast(self, message: str) -> None:
         for agent in self.agents.values():
@@ -766,6 +871,7 @@ class World:
             if messages
             else None,
             "messages_by": self.config.text.messages,
+            "text_checks": self.text_checks(),
         }
 
     # -- checkpoints -----------------------------------------------------------------------------------------
