@@ -16,11 +16,12 @@ ADAPTER=${ADAPTER:-runs/sandbox/sft/choice}
 # the pairs are rebuilt each time (4 minutes; the same files for the same DATA and AFTER). train.sft
 # skips a finished adapter trained on the same inputs, resumes a stopped one, and retrains one whose
 # pairs or recipe changed (its fingerprint; --overwrite true), so a stale adapter is never kept
-"$PY" -m data_prep.choice_pairs --data "$DATA" --out "$PAIRS" --before "$AFTER" --examples 6000
+"$PY" -m data_prep.choice_pairs --data "$DATA" --out "$PAIRS" --before "$AFTER" --examples 6000 --ratings 1500
 "$PY" -m train.sft --config configs/sft/smollm2_choice_cpu.yaml --pairs "$PAIRS" --output_dir "$ADAPTER" \
     --overwrite true
 "$PY" -m eval.discrimination --config "$CONFIG" --set "data=$DATA" --out "$OUT/discrimination" \
     --after "$AFTER" --adapter "$ADAPTER"
 "$PY" -m eval.generation --config "$CONFIG" --set "data=$DATA" --out "$OUT/generation" --after "$AFTER" \
     --adapter "$ADAPTER" --choices-from "$OUT/discrimination/results.json"
-"$PY" -m eval.alignment --config "$CONFIG" --set "data=$DATA" --out "$OUT/alignment" --after "$AFTER"
+"$PY" -m eval.alignment --config "$CONFIG" --set "data=$DATA" --out "$OUT/alignment" --after "$AFTER" \
+    --adapter "$ADAPTER"

@@ -43,6 +43,7 @@ from tqdm import tqdm
 from data_prep import fingerprint, movielens
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
 from data_prep.prompt import (
+    RATE_INSTRUCTION,
     WATCH_INSTRUCTION,
     build_sandbox_messages,
     count_tokens,
@@ -50,6 +51,7 @@ from data_prep.prompt import (
     page_lines,
     page_observation,
     rank_memories,
+    rate_observation,
     watched_line,
 )
 from data_prep.provenance import provenance
@@ -57,6 +59,12 @@ from data_prep.provenance import provenance
 DAY = 86400
 SIZES = (5, 6, 10)  # the sandbox's pages (page_size 5 as shipped) and the discrimination test's
 WATCH_FEATURES = ("Watcher", "Explorer", "Critic")  # the features the choice of a film names
+RATE_FEATURES = ("Critic",)  # the features the stars for a film name (agents/sandbox/decide.py)
+
+
+def rating_digit(stars: float) -> str:
+    """MovieLens's half stars on the sandbox's 1-5 digits: halves round up (0.5 -> 1, 3.5 -> 4)."""
+    return str(max(1, min(5, math.floor(stars + 0.5))))
 
 
 def minilm_encoder(batch_size: int = 64):
@@ -159,6 +167,7 @@ def make_examples(data, targets, before: int, options: dict, embed, rng) -> tupl
             {
                 "prompt": build_sandbox_messages(person, shown, WATCH_INSTRUCTION, seen),
                 "completion": [{"role": "assistant", "content": str(page.index(target.movie) + 1)}],
+                "task": "choice",
                 "example_id": f"{target.user}:{target.movie}:{target.ts}",
                 "user": target.user,
                 "date": movielens.iso(target.ts),  # train.sft's training_data.json: the latest target
@@ -168,6 +177,40 @@ def make_examples(data, targets, before: int, options: dict, embed, rng) -> tupl
             }
         )
     return examples, counts
+
+
+def make_rating_examples(data, targets, options: dict, embed) -> list[dict]:
+    """Each target rating as the sandbox's agent of its user rates the film at that moment
+    (agents/sandbox/agent.py's rate_messages, from the same renderer): the completion is its stars as a
+    digit (rating_digit)."""
+    texts = sorted({m.text() for m in data.movies.values()})
+    vectors = dict(zip(texts, np.asarray(embed(texts)), strict=True))
+    seen = [rate_observation(t.ts, data.movies[t.movie].text()) for t in targets]
+    examples = []
+    for target, text, vector in zip(targets, seen, np.asarray(embed(seen)) if seen else [], strict=True):
+        now = movielens.user_at(data, target.user, target.ts)
+        person = describe_person(
+            f"User {target.user}",
+            interests=now.interests,
+            dislikes=now.dislikes,
+            mean_stars=now.mean_stars,
+            features=[f for f in now.features if f in RATE_FEATURES],
+        )
+        shown = memories(now, data.movies, np.asarray(vector), vectors, options)
+        examples.append(
+            {
+                "task": "rating",
+                "prompt": build_sandbox_messages(person, shown, RATE_INSTRUCTION, text),
+                "completion": [{"role": "assistant", "content": rating_digit(target.stars)}],
+                "example_id": f"rate:{target.user}:{target.movie}:{target.ts}",
+                "user": target.user,
+                "date": movielens.iso(target.ts),
+                "stars": target.stars,
+                "user_mean_before": now.mean_stars,  # the user-mean baseline's rating, from older ones
+                "memories_shown": len(shown),
+            }
+        )
+    return examples
 
 
 def is_validation(user: int, fraction: float, seed: int) -> bool:
@@ -181,6 +224,12 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--before", required=True, help="every pair strictly before this date (YYYY-MM-DD)")
     parser.add_argument("--examples", type=int, default=6000)
+    parser.add_argument(
+        "--ratings",
+        type=int,
+        default=0,
+        help="also this many rating examples (the agent's stars for a film it watched), drawn apart",
+    )
     parser.add_argument("--per-user", type=int, default=40)
     parser.add_argument("--min-history", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=1024, help="budget for prompt + completion + EOS")
@@ -205,7 +254,11 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
         "recency_decay": args.recency_decay,
     }
     targets = draw_targets(data, before, args.min_history, args.per_user, args.examples, rng)
-    examples, counts = make_examples(data, targets, before, options, embed or minilm_encoder(), rng)
+    embed = embed or minilm_encoder()
+    examples, counts = make_examples(data, targets, before, options, embed, rng)
+    if args.ratings:  # drawn after the choices, so the choice pairs are the same with or without them
+        rated = draw_targets(data, before, args.min_history, args.per_user, args.ratings, rng)
+        examples += make_rating_examples(data, rated, options, embed)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.tokenizer))
     lengths = [count_tokens(tokenizer, e["prompt"], e["completion"][0]["content"]) for e in examples]
     kept = [e for e, n in zip(examples, lengths, strict=True) if n <= args.max_tokens]
@@ -222,6 +275,7 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
     card = {
         "task": "sandbox_choice",
         "examples": {split: len(rows) for split, rows in splits.items()},
+        "kinds": {split: dict(Counter(r["task"] for r in rows)) for split, rows in splits.items()},
         "users": {split: len({r["user"] for r in rows}) for split, rows in splits.items()},
         "left_out": dict(counts),
         "latest_target": max((e["date"] for e in kept), default=None),
@@ -244,6 +298,7 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
             "before": movielens.day(before),
             "max_tokens": args.max_tokens,
             "examples": args.examples,
+            "ratings": args.ratings,
             "per_user": args.per_user,
             "min_history": args.min_history,
             "val_fraction": args.val_fraction,

@@ -449,6 +449,7 @@ FEATURE_TEXT = {
 # model learns, and what score mode ranks); a title's first token would carry it diluted among the
 # tokens that only copy the rest of the title
 WATCH_INSTRUCTION = "Which of these movies do you watch next? Answer with its number."
+RATE_INSTRUCTION = "How many stars do you give it, from 1 (hated it) to 5 (loved it)? Answer with one digit."
 
 
 def describe_person(
@@ -511,6 +512,11 @@ def observation(now: int, what: str) -> str:
 
 def page_observation(now: int, listing: str) -> str:
     return observation(now, f"The recommender shows:\n{listing}")
+
+
+def rate_observation(now: int, film: str) -> str:
+    """What a sandbox agent sees when it rates a film it just watched (``film``: Movie.text())."""
+    return observation(now, f"You just watched {film}.")
 
 
 def build_sandbox_messages(profile: str, memories: list[str], instruction: str, context: str) -> list[dict]:

@@ -22,12 +22,14 @@ film:
 Real MovieLens ratings are half stars (0.5-5). Reported per method: MAE and RMSE over all held-out
 ratings, the rating distribution with its Wasserstein distance from the real one, and, per user, the
 paired difference of mean absolute errors against the agent with a 95% bootstrap interval. Agent4Rec
-reports MAE 0.77 on MovieLens-1M with a hosted LLM. There is no ``--adapter``: the sandbox's adapter
-is trained on choices and serves the watch decision only, so the rating path is the same without it
-(the table says so).
+reports MAE 0.77 on MovieLens-1M with a hosted LLM. With ``--adapter`` (its pairs built with
+``data_prep.choice_pairs --ratings``, all older than ``--after``) two more rows read the stars from the
+adapter (``decision.adapter_scope: watch-rate``): ``tuned-llm``, the agent's tuned LLM alone, and
+``tuned``, the agent's rating path with it (blended only where validation says so). An adapter trained
+on choices only serves the watch decision: it has no rating rows (the table says so).
 
     python -m eval.alignment --config configs/sandbox/movielens.yaml --out runs/alignment --users 100 \
-        --after 2010-01-01
+        --after 2010-01-01 [--adapter runs/sandbox/sft/choice]
 
 Writes OUT/results.json, OUT/table.md and OUT/distribution.png.
 """
@@ -46,8 +48,8 @@ from eval.metrics import bca_interval
 
 STARS = [str(s) for s in range(1, 6)]
 NO_TUNED_ROW = (
-    "No tuned row: the sandbox's adapter is trained on choices and serves the watch decision only "
-    "(llm.adapter_scope: watch), so an agent's rating path is the same with or without it."
+    "No tuned row: no --adapter trained on rating pairs (data_prep.choice_pairs --ratings) was given, and an "
+    "adapter trained on choices only serves the watch decision (decision.adapter_scope: watch)."
 )
 
 
@@ -277,7 +279,8 @@ METHODS = {
     "agent-llm": predict_agent_llm,
     "agent": predict_agent,
 }
-LLM_METHODS = ("llm", "agent-llm", "agent")
+TUNED = {"tuned-llm": "agent-llm", "tuned": "agent"}  # the same paths, the stars read from the adapter
+LLM_METHODS = ("llm", "agent-llm", "agent", *TUNED)
 
 
 def paired_interval(a: np.ndarray, b: np.ndarray) -> list[float]:
@@ -315,6 +318,20 @@ def score(cases, predictions: dict[str, list[list[float]]]) -> dict:
     return out
 
 
+def rating_adapter(adapter: str, moment: int, config) -> dict:
+    """The adapter's card, checked as the sandbox's tests check it, and that its pairs hold ratings."""
+    from eval.sandbox_cases import check_adapter
+
+    trained = check_adapter(adapter, moment, config)
+    card = json.loads((Path(adapter) / "training_card.json").read_text())
+    if not ((card.get("data") or {}).get("options") or {}).get("ratings"):
+        raise SystemExit(
+            f"error: {adapter} was trained on choices only: its pairs hold no ratings "
+            "(build them with python -m data_prep.choice_pairs --ratings N)"
+        )
+    return trained
+
+
 def table(results: dict) -> str:
     methods = results["scores"]["methods"]
     lines = [
@@ -334,8 +351,8 @@ def table(results: dict) -> str:
     lines.append("| Agent4Rec (paper, MovieLens-1M, hosted LLM) | 0.77 | | | | |")
     lines.append("")
     lines.append("Real distribution: " + ", ".join(f"{k:g}: {v}" for k, v in real.items()))
-    lines.append("")
-    lines.append(NO_TUNED_ROW)
+    if not any(name in methods for name in TUNED):
+        lines += ["", NO_TUNED_ROW]
     return "\n".join(lines) + "\n"
 
 
@@ -375,6 +392,7 @@ def run(
     methods: list[str],
     backend=None,
     embed=None,
+    adapter: str | None = None,
 ) -> dict:
     from agents.sandbox.config import load_config
     from data_prep import movielens
@@ -392,11 +410,21 @@ def run(
     )
     cases = make_cases(data, users, held)
     validation = make_cases(data, validation_users, held)
+    trained, tuned = None, None
+    if adapter:  # one backend with the adapter: the other rows run with it off (adapter_scope: watch)
+        trained = rating_adapter(adapter, moment, config)
+        tuned = load_config(
+            config_path, [*set_overrides, "temperature=0", "decision.adapter_scope=watch-rate"]
+        )
+        tuned.llm.adapter = adapter
+        methods = [*methods, *(m for m in TUNED if m not in methods)]
+    elif any(m in TUNED for m in methods):
+        raise SystemExit(f"error: {sorted(TUNED)} need --adapter")
     if any(m in LLM_METHODS for m in methods) and backend is None:
         from agents.llm import load_llm
 
-        backend = load_llm(config.llm)
-    if any(m in ("agent-llm", "agent") for m in methods) and embed is None:
+        backend = load_llm(tuned.llm if tuned else config.llm)  # the other rows turn the adapter off
+    if any(m in ("agent-llm", "agent", *TUNED) for m in methods) and embed is None:
         from agents.retrieval import Retriever
         from eval.backends import packaged_minilm
 
@@ -404,10 +432,11 @@ def run(
     predictions, counts = {}, {}
     for method in methods:
         counts[method] = Counter()
-        method_rng = np.random.default_rng([config.seed, list(METHODS).index(method)])
-        predictions[method] = METHODS[method](
-            cases, data=data, config=config, backend=backend, embed=embed, rng=method_rng, counts=counts[method],
-            validation=validation,
+        method_rng = np.random.default_rng([config.seed, [*METHODS, *TUNED].index(method)])
+        predict = METHODS[TUNED.get(method, method)]
+        predictions[method] = predict(
+            cases, data=data, config=tuned if method in TUNED else config, backend=backend, embed=embed,
+            rng=method_rng, counts=counts[method], validation=validation,
         )  # fmt: skip
         print(f"{method}: done")
     real = [s for c in cases for _, s in c["held"]]
@@ -420,6 +449,7 @@ def run(
         "real_mean": round(float(np.mean(real)), 4),
         "seed": config.seed,
         "model": config.llm.model if any(m in LLM_METHODS for m in methods) else None,
+        "adapter": trained,
         "scores": score(cases, predictions),
         "counts": {m: {k: v for k, v in c.items()} for m, c in counts.items() if c},
     }
@@ -441,7 +471,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--after", default="2010-01-01", help="held-out ratings at or after this date")
     parser.add_argument("--held", type=int, default=5, help="last ratings held out per user")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=[*METHODS, *TUNED])
+    parser.add_argument(
+        "--adapter", help="a LoRA adapter trained on choice and rating pairs: adds the tuned rows"
+    )
     parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
     args = parser.parse_args(argv)
     run(
@@ -453,6 +486,7 @@ def main(argv: list[str] | None = None) -> None:
         args.after,
         args.held,
         args.methods,
+        adapter=args.adapter,
     )
 
 

@@ -143,3 +143,28 @@ def test_a_run_writes_its_table_with_the_note_on_the_tuned_row(raw, tmp_path):
     assert results["ratings"] == 25 and set(results["scores"]["methods"]) == {"user_mean", "user_mean_whole"}
     table = (tmp_path / "table.md").read_text()
     assert "| user_mean |" in table and al.NO_TUNED_ROW in table
+
+
+def test_the_tuned_rows_refuse_an_adapter_trained_on_choices_only(raw, tmp_path):
+    import json
+
+    from agents.sandbox.config import load_config
+    from eval.sandbox_cases import data_digest
+
+    folder = raw / "movielens_latest_small"
+    config = load_config("configs/sandbox/movielens.yaml", [f"data={folder}"])
+    options = {"round_days": 1.0, "retrieve_top": 3, "short_term_capacity": 3, "recency_decay": 0.99}
+    adapter = tmp_path / "choice-only"
+    adapter.mkdir()
+    (adapter / "training_data.json").write_text(json.dumps({"latest_target_ts": 0}))
+    card = {"data": {"task": "sandbox_choice", "data_sha256": data_digest(folder), "options": options}}
+    (adapter / "training_card.json").write_text(json.dumps(card))
+    with pytest.raises(SystemExit, match="trained on choices only"):
+        al.rating_adapter(str(adapter), 10**10, config)
+    card["data"]["options"]["ratings"] = 500
+    (adapter / "training_card.json").write_text(json.dumps(card))
+    assert al.rating_adapter(str(adapter), 10**10, config) is not None
+    with pytest.raises(SystemExit, match="need --adapter"):
+        al.run(
+            "configs/sandbox/movielens.yaml", [f"data={folder}"], tmp_path, 2, 0, "2010-01-01", 2, ["tuned"]
+        )

@@ -45,6 +45,31 @@ def test_a_pair_prompt_is_the_page_prompt_the_sandbox_agent_sees(ml):
         assert len(agent.memory.context("x", 0)) == min(6, len(agent.profile.history))
 
 
+def test_a_rating_pair_prompt_is_the_rate_prompt_the_sandbox_agent_sees(ml):
+    from agents.sandbox.agent import rate_messages
+
+    before = movielens.parse_moment("2005-01-01", ml)
+    rng = np.random.default_rng(3)
+    targets = choice_pairs.draw_targets(ml, before, 5, 3, 8, rng)
+    examples = choice_pairs.make_rating_examples(ml, targets, OPTIONS, embed)
+    config = load_config("configs/sandbox/movielens.yaml", [])
+    assert len(examples) == len(targets) == 8
+    for example, target in zip(examples, targets, strict=True):
+        (agent,) = agents_at(ml, [target.user], [target.ts], config, embed, LLMMemoryModel(None), rng)
+        assert rate_messages(agent, ml.movies[target.movie], target.ts, 0) == example["prompt"]
+        assert example["task"] == "rating" and example["stars"] == target.stars
+        older = [r.stars for r in ml.by_user()[target.user] if r.ts < target.ts]
+        assert example["user_mean_before"] == pytest.approx(np.mean(older), abs=0.01)  # older ratings only
+    assert [choice_pairs.rating_digit(s) for s in (0.5, 1.0, 2.5, 3.5, 4.5, 5.0)] == [
+        "1",
+        "1",
+        "3",
+        "4",
+        "5",
+        "5",
+    ]
+
+
 def test_nothing_in_a_pair_is_from_on_or_after_the_cutoff_date(ml):
     before = movielens.parse_moment("2005-01-01", ml)
     rng = np.random.default_rng(1)
@@ -80,14 +105,15 @@ def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw
     card = choice_pairs.main(
         ["--data", str(raw / "movielens_latest_small"), "--out", str(out), "--before", "2003-01-01",
          "--examples", "24", "--per-user", "3", "--tokenizer", str(tiny_model), "--max-tokens", "2048",
-         "--val-fraction", "0.25"],
+         "--val-fraction", "0.25", "--ratings", "12"],
         embed=embed,
     )  # fmt: skip
     rows = {
         s: [json.loads(x) for x in (out / f"{s}.jsonl").read_text().splitlines()]
         for s in ("train", "validation")
     }
-    assert card["task"] == "sandbox_choice" and sum(card["examples"].values()) == 24
+    assert card["task"] == "sandbox_choice" and sum(card["examples"].values()) == 24 + 12
+    assert sum(kinds.get("rating", 0) for kinds in card["kinds"].values()) == 12
     assert not {r["user"] for r in rows["train"]} & {r["user"] for r in rows["validation"]}
     assert card["latest_target"] < "2003-01-01" and card["options"]["short_term_capacity"] == 3
     for split, shown in card["prompts"]["memories_shown"].items():  # what the prompts show, counted
@@ -127,6 +153,19 @@ def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw
     )  # B starts at zero: it learned
     record = json.loads((run / "training_data.json").read_text())
     assert record["latest_target_ts"] < movielens.parse_moment("2003-01-01", ml)  # what the tests check
+    # rating alignment reads the stars from this adapter in its tuned rows, the others with it off
+    from eval import alignment
+
+    data = [f"data={raw / 'movielens_latest_small'}", f"llm.model={tiny_model}"]
+    results = alignment.run(
+        "configs/sandbox/movielens.yaml", data, tmp_path / "align", 2, 0, "2010-01-01", 2, ["user_mean"],
+        embed=embed, adapter=str(run),
+    )  # fmt: skip
+    assert set(results["scores"]["methods"]) == {"user_mean", "tuned-llm", "tuned"}
+    assert (
+        results["adapter"] is not None
+        and alignment.NO_TUNED_ROW not in (tmp_path / "align" / "table.md").read_text()
+    )
 
 
 def test_the_choice_metric_scores_answers_against_the_page_and_its_references(tmp_path):

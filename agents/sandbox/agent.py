@@ -21,10 +21,11 @@ from agents.sandbox.memory import Memory, Record, promote_due
 from agents.sandbox.profiles import Profile, aligned_profiles
 from data_prep.movielens import day, history_importance
 from data_prep.prompt import (
+    RATE_INSTRUCTION,
     WATCH_INSTRUCTION,
     build_sandbox_messages,
-    observation,
     page_observation,
+    rate_observation,
     watched_line,
 )
 
@@ -111,11 +112,11 @@ def agents_at(
 
 def rate_messages(agent: Agent, movie, now: int, now_round: int) -> list[dict]:
     """The LLM's stars for a film the agent just watched: profile, the memories the film recalls."""
-    seen = observation(now, f"You just watched {movie.text()}.")
+    seen = rate_observation(now, movie.text())
     return build_sandbox_messages(
         agent.profile.summary(PROMPT_FEATURES["rate"]),
         agent.memory.context(seen, now_round),
-        "How many stars do you give it, from 1 (hated it) to 5 (loved it)? Answer with one digit.",
+        RATE_INSTRUCTION,
         seen,
     )
 

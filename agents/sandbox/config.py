@@ -84,8 +84,9 @@ class DecisionConfig:
     # without the agent's prompt (pmi); chosen on validation users by eval.discrimination
     normalisation: str = Field("mean", pattern="^(sum|mean|pmi)$")
     # with llm.adapter: the adapter scores the choice of a film only (what data_prep.choice_pairs trains
-    # it for; the base model does the rest), or every call
-    adapter_scope: str = Field("watch", pattern="^(watch|all)$")
+    # it for; the base model does the rest), the choice and the stars for a watched film (watch-rate: pairs
+    # built with --ratings), or every call
+    adapter_scope: str = Field("watch", pattern="^(watch|watch-rate|all)$")
     # score mode: this many times the log-odds of a choice model fitted on real choices before the start
     # (choice.py) is added to the LLM's score of each film (0: the LLM alone); the sandbox's tests choose
     # it on validation users

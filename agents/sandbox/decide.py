@@ -21,6 +21,7 @@ posts).
 
 With an adapter (``llm.adapter``) and ``decision.adapter_scope: watch``, only the choice of a film
 runs on the adapter (what data_prep.choice_pairs trains it for); every other call runs on the base model.
+``watch-rate`` also reads the stars for a watched film from it (pairs built with ``--ratings``).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class Decider:
             config.llm.adapter
             and config.decision.mode == "generate"
             and config.decision.adapter_scope == "watch"
-        ):
+        ):  # (watch-rate: the adapter still rates)
             raise ValueError(
                 "llm.adapter scores the choice of a film in decision.mode: score; with generate it would be "
                 "loaded and never used (set decision.mode: score, or decision.adapter_scope: all)"
@@ -90,7 +91,8 @@ class Decider:
     def adapter(self, kind: str):
         """The base model alone, unless this decision is one the adapter is for."""
         off = getattr(self.backend, "adapter_off", None)
-        if off is None or self.config.decision.adapter_scope == "all" or kind == "watch":
+        scope = self.config.decision.adapter_scope
+        if off is None or scope == "all" or kind == "watch" or (kind == "rate" and scope == "watch-rate"):
             return nullcontext()
         return off()
 

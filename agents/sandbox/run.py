@@ -150,7 +150,7 @@ def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool =
         backend = load_llm(config.llm)
     if config.profile_prompt and fresh:
         off = getattr(backend, "adapter_off", None)  # an adapter trained for choices does not write people
-        with off() if off and config.decision.adapter_scope == "watch" else nullcontext():
+        with off() if off and config.decision.adapter_scope != "all" else nullcontext():
             profiles, report = written_by_llm(profiles, backend, config.profile_prompt, rng, data.movies)
         write_json(out / "profiles_written.json", report)
         (out / "profiles.yaml").write_text(to_yaml(profiles))  # reusable as handcrafted profiles
