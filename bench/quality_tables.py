@@ -10,7 +10,7 @@ Holm-corrected over every target printed.
 The targets: ``tuned-write`` (every review written by the model) at least the nearest-centroid review's
 RG, and at least every model-free row (nearest-centroid, stats-mbr, user-mean, stats, previous-review) on
 overall; the greedy ``tuned`` closing at least half of its RG gap to the nearest-centroid review (the
-share closed is printed beside the demo figure it is measured from); ``stats`` at least the user's
+gap is printed; bench/README.md compares it with the gap before); ``stats`` at least the user's
 median on stars (the nearest-centroid row's stars are that median). Where tuned-write's RG is behind
 the copy, the three RG parts say which: the paired difference in sentiment, emotion and topic error.
 The fidelity columns say what each row writes: copied, repeated, looping and distinct-2 beside the real
@@ -141,6 +141,8 @@ def section(root: Path, sample: str, split: str, prefix: str, tests: list) -> li
 
 
 def part_interval(a: dict, b: dict, part: str) -> str:
+    if not np.array_equal(a["task"], b["task"]):
+        raise SystemExit("error: the two runs scored other tasks: no paired difference")
     diff = PARTS[part] * (np.asarray(a[part], np.float64) - np.asarray(b[part], np.float64))
     low, high, _ = bca_interval(diff, RESAMPLES)
     return f"{part} {diff.mean():+.4f} [{low:+.4f}, {high:+.4f}]"

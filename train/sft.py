@@ -862,6 +862,8 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
         return trainer
     if resume:
         trainer.accelerator.print(f"resuming from {resume}")
+    if resume:  # the resumed step was evaluated before the stop: again would count as "no better" once more
+        trainer.args.eval_on_start = False
     trainer.train(resume_from_checkpoint=resume)
     stop = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "SaveAndStop"), None)
     if stop is not None and stop.requested:  # a checkpoint at this step, not the end: no adapter or card

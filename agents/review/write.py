@@ -18,10 +18,11 @@ validation tasks (eval.selection --utility). Ties go to the earlier candidate (t
 
 Two checks come before the utility: a candidate that copies an older review (``copied``) or repeats a
 4-word span of its own (``loops``) is chosen only when every candidate is; both are kept with the pool
-and counted. A copy is one definition, shared with eval.fidelity: a text of 8 words or more that shares
-an 8-word span with one of the older reviews the agent sees, or a shorter text equal (case and spacing
-aside) to a review of the store written before the task's moment ("Great gift card." is a copy when
-someone wrote it before).
+and counted. A copy is one definition, shared with eval.fidelity (``copies``): a text of 8 words or more
+that shares an 8-word span with a known review, or a shorter text equal (case and spacing aside) to one.
+The agent knows the older reviews of the user and the item for spans, and every review of the store
+written before the task's moment for short texts ("Great gift card." is a copy when someone wrote it
+before). eval.fidelity knows the whole store at any time, so it can count a copy the agent could not see.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def short_texts(reviews: Iterable[tuple[str, int]]) -> dict[str, int]:
     out: dict[str, int] = {}
     for text, ts in reviews:
         tokens = words(text)
-        if len(tokens) < COPY_WORDS:
+        if 0 < len(tokens) < COPY_WORDS:  # an empty review is no text to copy
             key = normalise(" ".join(tokens))
             out[key] = min(ts, out.get(key, ts))
     return out

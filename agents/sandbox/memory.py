@@ -87,7 +87,9 @@ class LLMMemoryModel:
         self.backend, self.sampling = backend, sampling or Sampling(max_new_tokens=96)
         self.around = around or (lambda kind: nullcontext())
         self.counts: Counter = Counter()
-        # (kind, text, the memories it was made from) of every usable answer, until the world checks them
+        # (kind, text, the memories it was made from) of every usable answer, kept only while ``collect``
+        # (the world's rounds: World.check_memory takes them each time)
+        self.collect = False
         self.written: list[tuple[str, str, list[str]]] = []
 
     def _ask(self, prompts: list[str], constraint: Constraint, key: str) -> list[dict | None]:
@@ -124,7 +126,8 @@ class LLMMemoryModel:
                 out.append((observation, 0.5))
             else:
                 out.append((str(value["summary"]), score / 10))
-                self.written.append(("summary", out[-1][0], [observation]))
+                if self.collect:
+                    self.written.append(("summary", out[-1][0], [observation]))
         return out
 
     def _sentences(self, instruction: str, groups: list[list[str]], kind: str) -> list[str | None]:
@@ -137,7 +140,7 @@ class LLMMemoryModel:
         for value, texts in zip(self._ask(prompts, SENTENCE, "insight"), groups, strict=True):
             if value is None:
                 self.counts["fallbacks"] += 1
-            else:
+            elif self.collect:
                 self.written.append((kind, str(value["insight"]), texts))
             out.append(str(value["insight"]) if value else None)
         return out

@@ -51,24 +51,34 @@ def bare_titles(title: str) -> set[str]:
     return {n for n in names if len(n.replace(" ", "")) >= MIN_TITLE}
 
 
-Titles = list[tuple[int, re.Pattern]]
+class Titles:
+    """Each film (id -> title) whose bare title is long enough to name it, as a whole-words pattern,
+    found by its first word (one dictionary look-up per word of a text, not a pattern per film)."""
+
+    def __init__(self, titles: dict[int, str]):
+        self.by_first: dict[str, list[tuple[int, re.Pattern]]] = {}
+        for movie, title in sorted(titles.items()):
+            for name in bare_titles(title):
+                pattern = re.compile(rf"\b{re.escape(name)}\b")
+                self.by_first.setdefault(name.split()[0], []).append((movie, pattern))
+
+    def candidates(self, said: str) -> list[tuple[int, re.Pattern]]:
+        return [entry for word in set(said.split()) for entry in self.by_first.get(word, ())]
 
 
 def title_index(titles: dict[int, str]) -> Titles:
-    """Each film (id -> title) whose bare title is long enough to name it, as a whole-words pattern."""
-    out = []
-    for movie, title in sorted(titles.items()):
-        names = sorted(bare_titles(title), key=len, reverse=True)
-        if names:
-            out.append((movie, re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\b")))
-    return out
+    return Titles(titles)
 
 
 def films_named(text: str, index: Titles) -> set[int]:
     """The films of ``index`` (title_index) whose title occurs in ``text``, except where the words are
     part of a longer title that occurs there ("Enemy" inside "Enemy of the State")."""
     said = " ".join(words(text))
-    found = [(m.start(), m.end(), movie) for movie, pattern in index for m in pattern.finditer(said)]
+    found = [
+        (m.start(), m.end(), movie)
+        for movie, pattern in index.candidates(said)
+        for m in pattern.finditer(said)
+    ]
     inside = {
         (a, b, movie) for a, b, movie in found for c, d, _ in found if c <= a and b <= d and (d - c) > (b - a)
     }

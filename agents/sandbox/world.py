@@ -216,6 +216,7 @@ class World:
                 data, self.start, embed, np.random.default_rng([config.seed, 7]), config.decision.choice_pages
             )
             self.recent_past = as_of(data, self.catalogue, self.start)[1]
+        self.model.collect = True  # from here on, what the memory writes is checked each round
 
     def levels(self, profiles: list[Profile], data) -> np.ndarray:
         """Activity levels: a data-aligned agent's from its user's count before the start through the
