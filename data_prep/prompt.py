@@ -202,7 +202,9 @@ def converse_rating_prompt(about: str, task: str, transcript: str) -> str:
         "1-5 how well it is written (language_quality), how sensible its move is (action_quality), "
         "whether it recommended something specific (recommended) and how good that recommendation is "
         "for you (recommendation_quality), and name any new thing it suggested that you had not "
-        "thought of (new_preference, empty if none) with how well it fits you (fit)."
+        "thought of (new_preference, empty if none) with how well it fits you (fit). Every score runs from "
+        "1 (very poor: useless or wrong for you) through 3 (acceptable) to 5 (excellent: exactly what you "
+        "need)."
     )
 
 

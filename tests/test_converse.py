@@ -142,7 +142,9 @@ def test_tendencies_and_dislikes_change_the_decisions_through_the_prompt():
 
     def talk(who, reply):
         simulator = UserSimulator(
-            config("refinement.enabled=false", "max_turns=5"), Reading(), np.random.default_rng(0)
+            config("refinement.enabled=false", "max_turns=5", "rating.read=json"),
+            Reading(),
+            np.random.default_rng(0),
         )
         user = User(who)
         simulator.step([user], [None])
@@ -166,7 +168,9 @@ def test_tendencies_and_dislikes_change_the_decisions_through_the_prompt():
 
 def test_a_turn_rates_then_acts_then_responds_then_refines():
     backend = Scripted(actions=[["request_recommendation"], ["give_feedback"]], judged="high")
-    simulator = UserSimulator(config("refinement.enabled=true"), backend, np.random.default_rng(0))
+    simulator = UserSimulator(
+        config("refinement.enabled=true", "rating.read=json"), backend, np.random.default_rng(0)
+    )
     user = User(persona())
     first = simulator.step([user], [None])[0]
     assert "rating" not in first and first["actions"] == ["request_recommendation"]
@@ -183,7 +187,7 @@ def test_a_turn_rates_then_acts_then_responds_then_refines():
 def test_recommendation_quality_gets_the_traits_modifier_and_stays_inside_one_to_five():
     novel = {"rationale": "new", "language_quality": 5, "action_quality": 5, "recommended": True,
              "recommendation_quality": 5, "new_preference": "Ramen", "fit": 2}  # fmt: skip
-    simulator = UserSimulator(config(), Scripted(rating=novel), np.random.default_rng(0))
+    simulator = UserSimulator(config("rating.read=json"), Scripted(rating=novel), np.random.default_rng(0))
     explorer = persona(action={"decisiveness": "decisive", "exploration": "exploratory"})
     rating = simulator.step([User(explorer)], [Reply()])[0]["rating"]
     assert (rating["objective"], rating["modifier"], rating["recommendation_quality"]) == (5, 0.5, 5.0)
@@ -316,7 +320,9 @@ def test_the_end_of_conversation_rules():
 
 
 def test_unusable_answers_fall_back_and_are_counted():
-    simulator = UserSimulator(config(), Scripted(rating="garbage"), np.random.default_rng(0))
+    simulator = UserSimulator(
+        config("rating.read=json"), Scripted(rating="garbage"), np.random.default_rng(0)
+    )
     log = simulator.step([User(persona())], [Reply()])[0]
     assert log["rating"] is None and simulator.counts["fallback:rating"] == 1
 
@@ -325,7 +331,9 @@ def test_replay_rates_every_assistant_turn_and_leaves_the_dialogue_alone():
     turns = [("user", "Ideas?"), ("assistant", "A book."), ("user", "Other?"), ("assistant", "A scarf.")]
     recorded = {"about": "You are a teacher.", "task": "A gift.", "turns": list(turns)}
     backend = Scripted()
-    ratings = UserSimulator(config(), backend, np.random.default_rng(0)).replay([recorded, recorded])
+    ratings = UserSimulator(config("rating.read=json"), backend, np.random.default_rng(0)).replay(
+        [recorded, recorded]
+    )
     assert [len(r) for r in ratings] == [2, 2] and recorded["turns"] == turns
     assert all(r["modifier"] == 0.0 for rs in ratings for r in rs)  # no persona traits in replay
     assert backend.kinds == ["rating"] * 4  # nothing but ratings
@@ -507,7 +515,7 @@ def test_every_shipped_converse_config_and_the_converse_recipe_load():
 def test_a_rating_of_the_wrong_type_or_range_is_a_counted_fallback(change):
     bad = {"rationale": "r", "language_quality": 4, "action_quality": 4, "recommended": True,
            "recommendation_quality": 4, "new_preference": "", "fit": 3, **change}  # fmt: skip
-    simulator = UserSimulator(config(), Scripted(rating=bad), np.random.default_rng(0))
+    simulator = UserSimulator(config("rating.read=json"), Scripted(rating=bad), np.random.default_rng(0))
     log = simulator.step([User(persona())], [Reply()])[0]
     assert log["rating"] is None and simulator.counts["fallback:rating"] == 1
 
@@ -620,7 +628,7 @@ def test_replay_correlates_with_the_recorded_ratings_clustered_by_persona(raw, t
                 )
             return super().answer(conversation, constraint)
 
-    result = replay_check(raw / "recllmsim", config(), tmp_path, "human", 40, KnowsDetail())
+    result = replay_check(raw / "recllmsim", config("rating.read=json"), tmp_path, "human", 40, KnowsDetail())
     rising, falling = (
         result["correlations"][f"{k} ~ Detail"] for k in ("language_quality", "action_quality")
     )
@@ -704,7 +712,9 @@ def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(ra
                 out[name] = order[len(order) - 1 - order.index(value)] if self.flip else value
             return json.dumps(out)
 
-    same = replay_check(raw / "recllmsim", config(), tmp_path / "a", "human", 40, Knows(False))
+    same = replay_check(
+        raw / "recllmsim", config("rating.read=json"), tmp_path / "a", "human", 40, Knows(False)
+    )
     assert same["unusable_questionnaires"] < 40
     varied = [n for n, r in same["questionnaire"].items() if "spearman" in r]
     assert {"Detail", "Diversity"} <= set(varied)
@@ -713,7 +723,9 @@ def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(ra
         same["questionnaire"][n]["simulated_mean"] == same["questionnaire"][n]["real_mean"] for n in varied
     )
     assert all("spearman_p_holm" in same["questionnaire"][n] for n in varied)
-    flipped = replay_check(raw / "recllmsim", config(), tmp_path / "b", "human", 40, Knows(True))
+    flipped = replay_check(
+        raw / "recllmsim", config("rating.read=json"), tmp_path / "b", "human", 40, Knows(True)
+    )
     assert all(flipped["questionnaire"][n]["spearman"] == -1.0 for n in varied)
 
 
@@ -858,3 +870,30 @@ def test_ladders_pair_two_backbones_gaps_over_the_same_goals(tmp_path):
     assert "| action_quality | – | – |" in table and "7 of 40" in table
     with pytest.raises(SystemExit, match="other goals"):
         ladders(tmp_path / "base", run("elsewhere", 3.0, 0.3, 2, target="u"))
+
+
+def test_a_rating_is_judged_at_temperature_0_before_its_scores_and_the_prompt_states_the_scale():
+    from agents.converse.simulator import decoding
+
+    class Heat(Scripted):
+        def generate(self, conversations, sampling, constraint=None):
+            self.heat = getattr(self, "heat", []) + [(sampling.temperature, constraint)]
+            return super().generate(conversations, sampling, constraint)
+
+    backend = Heat()
+    simulator = UserSimulator(config("refinement.enabled=false"), backend, np.random.default_rng(0))
+    user = User(persona())
+    simulator.step([user], [None])
+    simulator.step([user], [Reply("Try Umami Noodle Bar.")])
+    judged = [t for t, c in backend.heat if c is not None and c.kind == "json" and '"rationale"' in c.schema]
+    others = [
+        t for t, c in backend.heat if not (c is not None and c.kind == "json" and '"rationale"' in c.schema)
+    ]
+    assert judged == [0.0] and others and set(others) == {0.7}  # the run's temperature for the rest
+    assert decoding(simulator.config)["rating"]["temperature"] == 0.0
+    at = backend.kinds.index("rating")  # the judgement, then each score read after it
+    assert simulator.config.rating.read == "expected" and backend.kinds[at + 1 : at + 5] == [
+        f"score:{k}" for k in SCORES
+    ]
+    rating_prompt = next(p for k, p in backend.calls if k == "rating")
+    assert "1 (very poor" in rating_prompt and "5 (excellent" in rating_prompt

@@ -61,10 +61,12 @@ class RatingConfig:
     excitation_probability: float = Field(0.5, ge=0, le=1)
     patience: dict[str, int] = field(default_factory=lambda: {"decisive": 2, "hesitant": 4})
     unhappy_below: float = Field(2.5, ge=1, le=5)  # satisfaction under this, `patience` turns running: leave
-    # how the four 1-5 scores are read: json (decoded inside the rating's JSON, after its rationale, at
-    # the run's temperature), greedy (the most likely digit) or expected (the expected value over the
-    # digits), both read from the model's probabilities after the rationale is written
-    read: str = Field("json", pattern="^(json|greedy|expected)$")
+    # how the four 1-5 scores are read: expected (the expected value over the digits) or greedy (the most
+    # likely digit), both from the model's probabilities after the judgement is written; or json (decoded
+    # inside the rating's JSON, after its rationale)
+    read: str = Field("expected", pattern="^(json|greedy|expected)$")
+    # the rating's judgement is written at this temperature (0: greedy), whatever the run's temperature
+    temperature: float = Field(0.0, ge=0)
 
 
 @dataclass(config=STRICT)

@@ -50,13 +50,15 @@ from data_prep.prompt import (  # noqa: F401 (the vocabulary, importable from he
     satisfaction_words,
 )
 
+# every free string bounded (about 4 characters a token: 400 is about 100 tokens), so a rating written
+# within config.rating_tokens is never lost to a loop
 RATING = Constraint.json_object(
-    rationale={"type": "string", "minLength": 1},
+    rationale={"type": "string", "minLength": 1, "maxLength": 400},
     language_quality={"type": "integer", "minimum": 1, "maximum": 5},
     action_quality={"type": "integer", "minimum": 1, "maximum": 5},
     recommended={"type": "boolean"},
     recommendation_quality={"type": "integer", "minimum": 1, "maximum": 5},
-    new_preference={"type": "string"},
+    new_preference={"type": "string", "maxLength": 80},
     fit={"type": "integer", "minimum": 1, "maximum": 5},
 )
 # rating.read greedy / expected: the judgement written first, then each score read from probabilities
@@ -101,7 +103,10 @@ def decoding(config) -> dict:
         "refine": config.message_tokens,
     }
     out = {
-        kind: Sampling(tokens, config.temperature).settings() for kind, tokens in {**caps, **TOKENS}.items()
+        kind: Sampling(
+            tokens, config.rating.temperature if kind == "rating" else config.temperature
+        ).settings()
+        for kind, tokens in {**caps, **TOKENS}.items()
     }
     out["rating_scores"] = (
         {"read": config.rating.read, "from": "option probabilities"} if config.rating.read != "json" else None
@@ -147,10 +152,13 @@ class UserSimulator:
         # names it); without one, turns are shown whole and the prompt is not fitted (counted)
         self.tokenizer = getattr(backend, "tokenizer", None)
 
-    def generate(self, prompts: list[str], constraint: Constraint, kind: str, tokens: int = 160) -> list[str]:
+    def generate(
+        self, prompts: list[str], constraint: Constraint, kind: str, tokens: int = 160, temperature=None
+    ) -> list[str]:
         if not prompts:
             return []
-        sampling = Sampling(tokens, self.config.temperature, 1.0, int(self.rng.integers(2**31 - 1)))
+        heat = self.config.temperature if temperature is None else temperature
+        sampling = Sampling(tokens, heat, 1.0, int(self.rng.integers(2**31 - 1)))
         self.counts[f"llm_calls:{kind}"] += len(prompts)
         self.counts["llm_batches"] += 1
         answers = self.backend.generate(
@@ -182,9 +190,10 @@ class UserSimulator:
             for item in items
         ]
         if self.config.rating.read == "json":
-            values = [
-                RATING.parse(a) for a in self.generate(prompts, RATING, "rating", self.config.rating_tokens)
-            ]
+            written = self.generate(
+                prompts, RATING, "rating", self.config.rating_tokens, self.config.rating.temperature
+            )
+            values = [RATING.parse(a) for a in written]
         else:
             values = self.read_scores(prompts)
         out = []
@@ -223,7 +232,9 @@ class UserSimulator:
         """A rating whose judgement is written first (JUDGEMENT) and whose four scores are then read from
         the model's probabilities over 1-5 (``rating.read``: greedy or expected), each asked after the
         judgement; None where the judgement or a score could not be read (counted as fallbacks)."""
-        written = self.generate(prompts, JUDGEMENT, "rating", self.config.rating_tokens)
+        written = self.generate(
+            prompts, JUDGEMENT, "rating", self.config.rating_tokens, self.config.rating.temperature
+        )
         judged = [JUDGEMENT.parse(a) for a in written]
         asked = [(k, key) for k, j in enumerate(judged) if j is not None for key in SCORES]
         question = "Now score {}, from 1 (very poor) to 5 (excellent). One digit."
