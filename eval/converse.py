@@ -9,8 +9,7 @@ simulated users compare with RecLLMSim's LLM users and real people.
 - **Realism**: user turns per dialogue, words per user turn and the intent mix (the common vocabulary
   of data_prep.recllmsim) of the simulated users against RecLLMSim's LLM users (English) and real
   people (Chinese); each turn counts each of its intents once (the people's turns may carry several,
-  the simulator's up to two actions; no simulator action maps to "plan", so its share of plan is 0 by
-  construction). Lengths are compared within a language only: the simulated users' English words
+  the simulator's up to two actions; ask_plan maps to "plan"). Lengths are compared within a language only: the simulated users' English words
   against the LLM users' English; the people's Chinese characters are reported beside their LLM users'
   Chinese translations (``content_zh``), never against English. Kolmogorov-Smirnov statistics for the
   distributions, total variation distance for the intent mix.
