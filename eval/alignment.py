@@ -206,7 +206,7 @@ def agents_for(cases, data, config, backend, embed, rng):
     from agents.sandbox.memory import LLMMemoryModel
 
     decider = Decider(config, backend, rng, Counter())
-    model = LLMMemoryModel(backend, around=decider.adapter)
+    model = LLMMemoryModel(backend, around=decider.adapter, writer=config.memory.writer)
     agents = agents_at(
         data, [c["user"] for c in cases], [c["cutoff"] for c in cases], config, embed, model, rng
     )

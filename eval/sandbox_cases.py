@@ -168,7 +168,7 @@ class AgentRow:
         self.rng = np.random.default_rng([seed, sum(map(ord, name))])
         self.counts: Counter = Counter()
         self.decider = Decider(self.config, backend, self.rng, self.counts)
-        self.model = LLMMemoryModel(backend, around=self.decider.adapter)
+        self.model = LLMMemoryModel(backend, around=self.decider.adapter, writer=self.config.memory.writer)
         self.built: dict[tuple, tuple[list, list]] = {}
 
     def agents(self, cases: list[dict]) -> list:

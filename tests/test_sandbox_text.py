@@ -228,3 +228,23 @@ def test_an_interview_answer_is_checked_against_the_films_the_agent_watched(ml):
         assert w.interview(name, "What did you watch?") == said
     checks = [row for row in w.written if row["kind"] == "interview"]
     assert [row["passed"] for row in checks] == [True, False, False]
+
+
+def test_the_memory_template_writes_without_the_llm_and_the_run_says_so(ml):
+    from agents.sandbox.run import decisions
+
+    class Schemas(Critic):
+        def answer(self, conversation, constraint):
+            self.schemas = getattr(self, "schemas", []) + [str(getattr(constraint, "schema", ""))]
+            return super().answer(conversation, constraint)
+
+    backend = Schemas()
+    w = world(ml, backend, ["memory.writer=template"])
+    events, stats = w.step()
+    for _ in range(4):  # to the first reflection round (reflect_every 5)
+        stats = w.step()[1]
+    assert backend.schemas and not any('"summary"' in c or '"insight"' in c for c in backend.schemas)
+    assert w.model.counts["template_summaries"] > 0 and w.model.counts["llm_calls"] == 0
+    assert not {"summary", "insight", "reflection"} & set(stats["text_checks"])  # nothing the LLM wrote
+    assert all(a.memory.counts["reflections"] == 0 for a in w.agents.values())
+    assert "memory texts: a template" in decisions(w.config)

@@ -59,6 +59,10 @@ class MemoryConfig:
     history_forget_scale: float = Field(0.01, gt=0, le=1)
     reflect_every: int = Field(5, ge=1)  # rounds between reflections (and forgetting passes)
     merge_similarity: float = Field(0.9, ge=0, le=1)  # reflection merges long-term records closer than this
+    # who writes the memory's texts: llm (summaries, insights, reflections; checked each round,
+    # agents/sandbox/textcheck.py) or template (an observation is kept as it is at importance 0.5, an
+    # insight is the record it came from, and no reflection is written: no LLM call)
+    writer: str = Field("llm", pattern="^(llm|template)$")
     # ablations (each a row of eval.discrimination): memory.py's docstring says what each turns off
     short_term: bool = True
     long_term: bool = True

@@ -81,10 +81,11 @@ def forget_probability(importance: np.ndarray, recency: np.ndarray, beta: float,
 class LLMMemoryModel:
     """The memory's LLM calls through a shared backend, each a structured output, batched."""
 
-    def __init__(self, backend, sampling: Sampling | None = None, around=None):
+    def __init__(self, backend, sampling: Sampling | None = None, around=None, writer: str = "llm"):
         """around: kind -> context manager each call runs in (the world's: the base model without an
-        adapter trained for other decisions)."""
+        adapter trained for other decisions); writer: llm, or template (no LLM call: MemoryConfig)."""
         self.backend, self.sampling = backend, sampling or Sampling(max_new_tokens=96)
+        self.writer = writer
         self.around = around or (lambda kind: nullcontext())
         self.counts: Counter = Counter()
         # (kind, text, the memories it was made from) of every usable answer, kept only while ``collect``
@@ -112,7 +113,10 @@ class LLMMemoryModel:
 
     def compress(self, observations: list[str]) -> list[tuple[str, float]]:
         """One sentence and an importance in (0, 1] per observation; an unusable answer keeps the
-        observation itself at importance 0.5 (counted as a fallback)."""
+        observation itself at importance 0.5 (counted as a fallback). The template keeps every one so."""
+        if self.writer == "template":
+            self.counts["template_summaries"] += len(observations)
+            return [(observation, 0.5) for observation in observations]
         prompts = [
             "Compress this observation into one sentence, and rate how important it is to remember, "
             f"from 1 (trivial) to 10 (life-changing).\nObservation: {o}"
@@ -148,6 +152,8 @@ class LLMMemoryModel:
     def insights(self, themes: list[tuple[str, list[str]]]) -> list[str]:
         """The insight each repeated theme (a record and its enhancers) adds up to; the record itself when
         the answer is unusable."""
+        if self.writer == "template":
+            return [record for record, _ in themes]
         instruction = "These memories repeat one theme. Write the insight they add up to, in one sentence."
         answers = self._sentences(
             instruction, [[record, *enhancers] for record, enhancers in themes], "insight"
@@ -155,6 +161,8 @@ class LLMMemoryModel:
         return [answer or record for answer, (record, _) in zip(answers, themes, strict=True)]
 
     def reflections(self, groups: list[list[str]]) -> list[str | None]:
+        if self.writer == "template":  # a template has nothing higher-level to say: no reflection
+            return [None] * len(groups)
         instruction = "From these memories, write one higher-level insight about yourself."
         return self._sentences(instruction, groups, "reflection")
 

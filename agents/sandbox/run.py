@@ -203,7 +203,8 @@ def decisions(config) -> str:
         if config.stars.llm_validation
         else "the star model fitted on real ratings, alone (no LLM asked)"
     )
-    return f"decisions: {choice}; stars: {stars}"
+    memory = "by the LLM" if config.memory.writer == "llm" else "a template (no LLM call)"
+    return f"decisions: {choice}; stars: {stars}; memory texts: {memory}"
 
 
 # how to reach the model, not which model (a requeued job gets another port), and how fast it answers

@@ -176,7 +176,7 @@ class World:
         self.start = parse_moment(config.start, data)
         self.counts: Counter = Counter()
         self.decider = Decider(config, backend, rng, self.counts, human)
-        self.model = LLMMemoryModel(backend, around=self.decider.adapter)
+        self.model = LLMMemoryModel(backend, around=self.decider.adapter, writer=config.memory.writer)
         past = [r for r in data.ratings if r.ts < self.start]
         self.past_counts = Counter(r.movie for r in past)  # each film's ratings on the site before the start
         self.past_stars: Counter = Counter()
