@@ -334,11 +334,13 @@ def per_crs_lines(section: dict, keys, title: str) -> list[str]:
             ci = f" [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]" if r["ci95"] else ""
             cells.append(f"{r['mean']:.2f}{ci} (n={r['dialogues']})" if r["mean"] is not None else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    pairs: dict[str, dict[str, str]] = {}  # "a - b" -> key -> cell: each value under its own column
     for name, r in section["paired"].items():
+        pair, _, key = name.rpartition(": ")
         ci = f" [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r["ci95"] else ""
-        lines.append(
-            f"| paired {name} | {r['mean']:+.2f}{ci} (n={r['dialogues']}) |" + " |" * (len(keys) - 1)
-        )
+        pairs.setdefault(pair, {})[key] = f"{r['mean']:+.2f}{ci} (n={r['dialogues']})"
+    for pair, cells in pairs.items():
+        lines.append(f"| paired {pair} | " + " | ".join(cells.get(key, "") for key in keys) + " |")
     return lines + [""]
 
 

@@ -144,3 +144,20 @@ def test_goal_settings_are_checked():
         load_config(None, ["crs=[oracle]"])
     with pytest.raises(ConfigError, match="catalogue"):
         load_config(None, ["setting=recllmsim", "crs=[assistant]", "personas=goals"])
+
+
+def test_each_paired_value_lands_under_its_own_column():
+    from eval.converse import per_crs_lines
+
+    cell = {"mean": 0.5, "ci95": [0.1, 0.9], "dialogues": 4}
+    section = {
+        "per_crs": {"oracle": {"success": cell, "hit@1": cell}},
+        "paired": {
+            "random - oracle: hit@1": {"mean": -1.0, "ci95": [-1.0, -1.0], "dialogues": 4},
+            "random - oracle: success": {"mean": -0.5, "ci95": None, "dialogues": 4},
+        },
+    }
+    lines = per_crs_lines(section, ["success", "hit@1"], "recommender")
+    row = next(line for line in lines if line.startswith("| paired random - oracle"))
+    assert row.split(" | ")[1:] == ["-0.50 (n=4)", "-1.00 [-1.00, -1.00] (n=4) |"]
+    assert lines[0].count("|") == row.count("|")  # as many columns as the header
