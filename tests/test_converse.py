@@ -359,10 +359,8 @@ def test_a_rating_read_from_probabilities_writes_its_judgement_first(read):
 
 def test_prompts_show_the_configured_number_of_last_turns():
     class Recording(Scripted):
-        prompts: list[str] = []
-
         def answer(self, conversation, constraint):
-            self.prompts.append(conversation[-1]["content"])
+            self.prompts = getattr(self, "prompts", []) + [conversation[-1]["content"]]
             return super().answer(conversation, constraint)
 
     turns = [
@@ -371,12 +369,17 @@ def test_prompts_show_the_configured_number_of_last_turns():
         ("user", "second ask"),
         ("assistant", "second reply"),
     ]
-    backend = Recording()
-    UserSimulator(config("transcript_turns=2"), backend, np.random.default_rng(0)).replay(
-        [{"about": "You are a teacher.", "task": "A gift.", "turns": turns}]
-    )
-    last = backend.prompts[-1]  # the rating of the second assistant turn
-    assert "second ask" in last and "second reply" in last and "first" not in last
+
+    def last_rating_prompt(shown: int) -> str:  # the rating of the second assistant turn
+        backend = Recording()
+        UserSimulator(config(f"transcript_turns={shown}"), backend, np.random.default_rng(0)).replay(
+            [{"about": "You are a teacher.", "task": "A gift.", "turns": turns}]
+        )
+        return next(p for p in reversed(backend.prompts) if "Rate the assistant" in p)
+
+    two, four = last_rating_prompt(2), last_rating_prompt(4)
+    assert "second ask" in two and "second reply" in two and "first" not in two
+    assert "first ask" in four and "first reply" in four and "second reply" in four
 
 
 def test_both_recommenders_recommend_from_the_catalogue(raw):
