@@ -139,12 +139,30 @@ def make_pages(data, targets, before: int, rng, sizes=SIZES) -> tuple[list[tuple
     return pages, counts
 
 
-def make_examples(data, targets, before: int, options: dict, embed, rng) -> tuple[list[dict], Counter]:
+def person_at(data, target, features: tuple[str, ...]):
+    """The user of ``target`` as of its moment, and the profile a prompt naming ``features`` shows."""
+    now = movielens.user_at(data, target.user, target.ts)
+    person = describe_person(
+        f"User {target.user}",
+        interests=now.interests,
+        dislikes=now.dislikes,
+        mean_stars=now.mean_stars,
+        features=[f for f in now.features if f in features],
+    )
+    return now, person
+
+
+def film_vectors(data, embed) -> dict:
+    """Every film text a memory can be about, embedded once."""
+    texts = sorted({m.text() for m in data.movies.values()})
+    return dict(zip(texts, np.asarray(embed(texts)), strict=True))
+
+
+def make_examples(
+    data, targets, before: int, options: dict, embed, rng, vectors=None
+) -> tuple[list[dict], Counter]:
     popularity = data.popularity()
-    texts = sorted(
-        {m.text() for m in data.movies.values()}
-    )  # every film a memory can be about, embedded once
-    vectors = dict(zip(texts, np.asarray(embed(texts)), strict=True))
+    vectors = film_vectors(data, embed) if vectors is None else vectors
     examples = []
     built, counts = make_pages(data, targets, before, rng)
     pages = []
@@ -154,14 +172,7 @@ def make_examples(data, targets, before: int, options: dict, embed, rng) -> tupl
         pages.append((target, page, seen, [counted[m][0] for m in page]))
     observed = embed([text for _, _, text, _ in pages])
     for (target, page, seen, page_counts), vector in zip(pages, observed, strict=True):
-        now = movielens.user_at(data, target.user, target.ts)
-        person = describe_person(
-            f"User {target.user}",
-            interests=now.interests,
-            dislikes=now.dislikes,
-            mean_stars=now.mean_stars,
-            features=[f for f in now.features if f in WATCH_FEATURES],
-        )
+        now, person = person_at(data, target, WATCH_FEATURES)
         shown = memories(now, data.movies, np.asarray(vector), vectors, options)
         examples.append(
             {
@@ -179,23 +190,15 @@ def make_examples(data, targets, before: int, options: dict, embed, rng) -> tupl
     return examples, counts
 
 
-def make_rating_examples(data, targets, options: dict, embed) -> list[dict]:
+def make_rating_examples(data, targets, options: dict, embed, vectors=None) -> list[dict]:
     """Each target rating as the sandbox's agent of its user rates the film at that moment
     (agents/sandbox/agent.py's rate_messages, from the same renderer): the completion is its stars as a
     digit (rating_digit)."""
-    texts = sorted({m.text() for m in data.movies.values()})
-    vectors = dict(zip(texts, np.asarray(embed(texts)), strict=True))
+    vectors = film_vectors(data, embed) if vectors is None else vectors
     seen = [rate_observation(t.ts, data.movies[t.movie].text()) for t in targets]
     examples = []
     for target, text, vector in zip(targets, seen, np.asarray(embed(seen)) if seen else [], strict=True):
-        now = movielens.user_at(data, target.user, target.ts)
-        person = describe_person(
-            f"User {target.user}",
-            interests=now.interests,
-            dislikes=now.dislikes,
-            mean_stars=now.mean_stars,
-            features=[f for f in now.features if f in RATE_FEATURES],
-        )
+        now, person = person_at(data, target, RATE_FEATURES)
         shown = memories(now, data.movies, np.asarray(vector), vectors, options)
         examples.append(
             {
@@ -255,10 +258,11 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
     }
     targets = draw_targets(data, before, args.min_history, args.per_user, args.examples, rng)
     embed = embed or minilm_encoder()
-    examples, counts = make_examples(data, targets, before, options, embed, rng)
+    vectors = film_vectors(data, embed)  # embedded once for the choice and the rating pairs
+    examples, counts = make_examples(data, targets, before, options, embed, rng, vectors)
     if args.ratings:  # drawn after the choices, so the choice pairs are the same with or without them
         rated = draw_targets(data, before, args.min_history, args.per_user, args.ratings, rng)
-        examples += make_rating_examples(data, rated, options, embed)
+        examples += make_rating_examples(data, rated, options, embed, vectors)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.tokenizer))
     lengths = [count_tokens(tokenizer, e["prompt"], e["completion"][0]["content"]) for e in examples]
     kept = [e for e, n in zip(examples, lengths, strict=True) if n <= args.max_tokens]

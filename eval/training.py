@@ -50,6 +50,17 @@ TERMS = {
 }
 
 
+def write_answers(output_dir: Path, step: int, rows: list[dict], texts: list[str], key: str) -> None:
+    """output_dir/task_eval/step_N.jsonl: each example's id (``key``), the greedy answer, the truth."""
+    folder = output_dir / "task_eval"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [
+        json.dumps({key: r[key], "answer": t, "truth": r["completion"][0]["content"]}) + "\n"
+        for r, t in zip(rows, texts, strict=True)
+    ]
+    (folder / f"step_{step}.jsonl").write_text("".join(lines))
+
+
 def terms_of(scored: dict) -> dict[str, np.ndarray]:
     return {short: np.asarray(scored[long]) for short, long in TERMS.items()}
 
@@ -131,13 +142,7 @@ class ReviewTaskMetric:
         metrics["task_unreadable"] = int(sum(unreadable))
         self.history.append({"step": step, **metrics, "terms": terms_of(scored)})
         if write:
-            folder = self.output_dir / "task_eval"
-            folder.mkdir(parents=True, exist_ok=True)
-            rows = [
-                {"review_id": r["review_id"], "answer": t, "truth": r["completion"][0]["content"]}
-                for r, t in zip(self.rows, texts, strict=True)
-            ]
-            (folder / f"step_{step}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+            write_answers(self.output_dir, step, self.rows, texts, "review_id")
         return metrics
 
     def summary(self, best_step: int | None) -> dict:
@@ -237,13 +242,7 @@ class ChoiceTaskMetric:
         metrics["task_unreadable"] = int(unreadable)
         self.history.append({"step": step, **metrics, "correct": correct})
         if write:
-            folder = self.output_dir / "task_eval"
-            folder.mkdir(parents=True, exist_ok=True)
-            rows = [
-                {"example_id": r["example_id"], "answer": t, "truth": r["completion"][0]["content"]}
-                for r, t in zip(self.rows, texts, strict=True)
-            ]
-            (folder / f"step_{step}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
+            write_answers(self.output_dir, step, self.rows, texts, "example_id")
         return metrics
 
     def summary(self, best_step: int | None) -> dict:
