@@ -69,6 +69,12 @@ def normalise(value):
     return json.loads(json.dumps(value, default=str))
 
 
+def recorded(folder: Path) -> dict | None:
+    """The inputs a run in ``folder`` recorded (None: no fingerprint there)."""
+    path = Path(folder) / FILE
+    return json.loads(path.read_text())["inputs"] if path.exists() else None
+
+
 def verdict(folder: Path, inputs: dict, *, overwrite: bool, has_work: bool) -> bool:
     """Compare ``inputs`` with the fingerprint a run in ``folder`` started from (reads only).
 

@@ -44,7 +44,8 @@ judged levels by the persona's level).
   Spearman (``agreement``); ``--out`` keeps agreement.json and agreement.md.
 - **Ladders of two backbones** (``--ladders A B``): two bench/converse_ladder.sh runs of the same
   goals; per rating, each goal's oracle − random gap on each backbone and B's gap minus A's, paired
-  over goals (``ladders``): whether a backbone tells good from bad better.
+  over goals (``ladders``): whether a backbone tells good from bad better. ``--low oracle-ignores
+  --high oracle-explains`` compares the rungs that differ only in words (language and action).
 - **Consistency across backbones** (``--consistency A B``): two replays of the same conversations,
   their conversation-level ratings correlated per rating.
 """
@@ -324,6 +325,58 @@ def plot_lengths(control: dict, real_words: list[int], path: Path) -> None:
 GOAL_KEYS = ("success", "hit@1", "hit@5", "turns_to_success", "objective_fit", "llm_recommendation_score")
 
 
+ENDINGS = ("accepted", "chosen", "impatient", "max_turns", "crs_error")
+
+
+def count_of(counts: dict, key: str) -> int:
+    """A run's count under ``key``, with its kinds summed (crs_errors:NAME:KIND under crs_errors:NAME)."""
+    return sum(v for k, v in counts.items() if k == key or k.startswith(key + ":"))
+
+
+def outcomes(dialogues: list[dict], counts: dict, crs_names: list[str]) -> dict:
+    """Per recommender: how its dialogues ended (the user accepted a target, chose to end, lost patience,
+    reached the turn limit, or the CRS failed) and what failed on the way: the CRS's errors and fallback
+    replies, unusable ratings, and, for a CRS read by name, the replies whose places were matched,
+    unmatched or ambiguous."""
+    out = {}
+    for name in crs_names:
+        mine = [d for d in dialogues if d["crs"] == name]
+        ended = Counter(d["ended"] for d in mine)
+
+        out[name] = {
+            "dialogues": len(mine),
+            "ended": {key: ended.get(key, 0) for key in (*ENDINGS, *sorted(set(ended) - set(ENDINGS)))},
+            "crs_errors": count_of(counts, "crs_errors:" + name),
+            "crs_fallbacks": count_of(counts, "crs_fallbacks:" + name),
+            "names": {
+                kind: count_of(counts, f"crs_names_{kind}:{name}")
+                for kind in ("matched", "unmatched", "ambiguous")
+            },
+        }
+    return out
+
+
+def outcome_lines(result: dict, lost: dict | None) -> list[str]:
+    """One table: a row per recommender, its end reasons and failure counts in their own columns."""
+    lines = [
+        "| recommender (how dialogues ended) | dialogues | " + " | ".join(ENDINGS)
+        + " | CRS errors | CRS fallbacks | names matched / unmatched / ambiguous |",
+        "|---|---|" + "---|" * len(ENDINGS) + "---|---|---|",
+    ]  # fmt: skip
+    for name, row in result.items():
+        names = row["names"]
+        by_name = (
+            f"{names['matched']} / {names['unmatched']} / {names['ambiguous']}" if any(names.values()) else ""
+        )
+        lines.append(
+            f"| {name} | {row['dialogues']} | " + " | ".join(str(row["ended"][k]) for k in ENDINGS)
+            + f" | {row['crs_errors']} | {row['crs_fallbacks']} | {by_name} |"
+        )  # fmt: skip
+    if lost is not None:
+        lines.append(f"\nUnusable ratings: {lost['unusable']} of {lost['asked']} asked.")
+    return lines + [""]
+
+
 def per_crs_lines(section: dict, keys, title: str) -> list[str]:
     """One markdown table: a row per recommender (mean [interval] (n) per key), then the paired rows."""
     lines = [f"| {title} | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
@@ -345,9 +398,13 @@ def per_crs_lines(section: dict, keys, title: str) -> list[str]:
 
 
 def table(results: dict) -> str:
-    lines = per_crs_lines(results["ratings"], KEYS, "recommender")
+    if results["ratings_asked"]:
+        lines = per_crs_lines(results["ratings"], KEYS, "recommender")
+    else:
+        lines = ["Ratings: off in this run (rating.enabled: false); the objective figures only.", ""]
     if results.get("goals"):
         lines += per_crs_lines(results["goals"], GOAL_KEYS, "recommender (catalogue goals)")
+    lines += outcome_lines(results["outcomes"], results["lost_ratings"] if results["ratings_asked"] else None)
     if "note" in results["realism"]:
         lines += [f"Realism and identification: {results['realism']['note']}.", ""]
     else:
@@ -953,9 +1010,17 @@ def evaluate(run: Path, data: Path, out: Path) -> dict:
         "note": f"not compared: the {summary['setting']} setting's dialogues are another domain than RecLLMSim's"
     }
     same = summary["setting"] == "recllmsim"
+    asked = summary["config"]["rating"].get("enabled", True)
+    lost = {
+        "unusable": sum(v for k, v in summary["counts"].items() if k == "fallback:rating"),
+        "asked": summary["counts"].get("llm_calls:rating", 0),
+    }
     results = {
         "run": str(run),
+        "ratings_asked": asked,
+        "lost_ratings": lost,
         "ratings": ratings(turns, list(summary["crs"])),
+        "outcomes": outcomes(dialogues, summary["counts"], list(summary["crs"])),
         "goals": goal_metrics(dialogues, turns, list(summary["crs"])),
         "realism": realism(turns, dialogues, ref) if same else other,
         "controllability": {k: v for k, v in control.items() if k != "raw"},
@@ -999,9 +1064,11 @@ def main(argv: list[str] | None = None) -> None:
         nargs=2,
         help="two ladder runs of different backbones: which tells the ends apart",
     )
+    parser.add_argument("--low", default="random", help="ladders: the known-bad rung (oracle-ignores: words)")
+    parser.add_argument("--high", default="oracle", help="ladders: the known-good rung (oracle-explains)")
     args = parser.parse_args(argv)
     if args.ladders:
-        result = ladders(*args.ladders)
+        result = ladders(*args.ladders, low=args.low, high=args.high)
         print(ladders_table(result))
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)

@@ -69,3 +69,15 @@ class Broken:
         if "blank" in said:
             return {"reply": "   "}
         return {"reply": "fine"}
+
+
+class AsksThenNames:
+    """A text-only CRS: it gives no item ids; its first reply asks, every later one names ``name``."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def respond(self, dialogue):
+        if len(dialogue) == 1:
+            return "What would you like to eat, and where?"
+        return f"You could try {self.name}, it is popular."

@@ -4,6 +4,7 @@ and an oracle that recommends the targets) told apart by a run of the simulator 
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,3 +164,185 @@ def test_each_paired_value_lands_under_its_own_column():
     row = next(line for line in lines if line.startswith("| paired random - oracle"))
     assert row.split(" | ")[1:] == ["-0.50 (n=4)", "-1.00 [-1.00, -1.00] (n=4) |"]
     assert lines[0].count("|") == row.count("|")  # as many columns as the header
+
+
+def test_the_language_and_action_rungs_give_the_oracles_places_in_other_words(raw):
+    from agents.converse.crs import ExplainingOracle, IgnoringOracle, OracleCRS
+
+    catalogue = load_restaurants(raw / "yelp_asc_sample" / "item_subset.json")
+    target = next(r for r in catalogue if r.price and r.categories and r.stars)
+    said = [f"Hi! I am looking for a place to eat. I would like something in {target.city}.",
+            f"I would like something {target.categories[0]}."]  # fmt: skip
+    replies = {}
+    for cls in (OracleCRS, IgnoringOracle, ExplainingOracle):
+        session = Session(targets=[target.id])
+        crs = cls(None, catalogue)
+        replies[cls.name] = [crs.respond([session], [text])[0] for text in said]
+    for name, answers in replies.items():  # the same place every time: only the words differ
+        assert [a.recommended for a in answers] == [[target.id], [target.id]], name
+    ignoring = replies["oracle-ignores"][-1].text
+    assert target.city not in ignoring and target.categories[0] not in ignoring  # nothing the user said
+    explaining = replies["oracle-explains"]
+    assert f"something in {target.city}" in explaining[0].text  # the need stated so far, then the next one
+    assert f"something {target.categories[0]}, in {target.city}" in explaining[1].text
+    assert target.name in explaining[1].text and f"{target.stars:g} stars" in explaining[1].text
+
+
+def test_names_in_a_reply_are_matched_to_the_catalogue_longest_first_and_chains_by_city():
+    from agents.converse.crs import NameMatcher
+
+    catalogue = [place("a", city="Tampa"), place("b", city="Reno"), place("c", city="Reno"),
+                 place("d", city="Reno"), place("e")]  # fmt: skip
+    catalogue[0].name = catalogue[1].name = "Taco Spot"  # a chain in two cities
+    catalogue[2].name = "Taco Spot Cantina"  # a longer name holding the chain's
+    catalogue[3].name, catalogue[4].name = "Go", "Sushi  Den"
+    match = NameMatcher(catalogue)
+    assert match("Try Taco Spot Cantina or sushi den.") == (["c", "e"], [])
+    assert match("Try the Taco Spot.") == ([], ["taco spot"])  # which city's: ambiguous, counted
+    assert match("Try the Taco Spot.", context="I would like something in Reno.") == (["b"], [])
+    assert match("Go there, or Go Taco Spotless.") == ([], [])  # too short a name; whole words only
+
+
+def test_a_text_only_crs_is_scored_by_the_places_it_names(raw, tmp_path):
+    """A python plug-in that answers in words only (it asks, then names one place): the named place is
+    matched, scored against the goal, counted, and the agenda answers it as it answers an id."""
+    from eval.converse import evaluate
+
+    catalogue = load_restaurants(raw / "yelp_asc_sample" / "item_subset.json")
+    named = next(r for r in catalogue if r.name == "Taqueria Pico De Gallo")  # one place of that name
+    out = tmp_path / "run"
+    spec = json.dumps(
+        {
+            "transport": "python",
+            "target": f"{Path(__file__).parent / 'crs_plugins.py'}:AsksThenNames",
+            "options": {"name": named.name},
+        }
+    )
+    summary = run(args(raw, out, "crs=[words]", f"plugins={{words: {spec}}}", "dialogues=4", "user_text=template"),
+                  Scripted(), Scripted())  # fmt: skip
+    dialogues = [json.loads(line) for line in (out / "dialogues.jsonl").read_text().splitlines()]
+    assert all(d["unscored"] is None and d["success"] is not None for d in dialogues)
+    assert all(d["recommended"][0] == named.id for d in dialogues)
+    turns = [json.loads(line) for line in (out / "turns.jsonl").read_text().splitlines()]
+    replies = [t["reply"] for t in turns if t["reply"]]
+    assert all(r["matched_by"] == "names" for r in replies)
+    matched = sum(bool(r["recommended"]) for r in replies)
+    assert summary["counts"]["crs_names_matched:words"] == matched > 0
+    assert summary["counts"]["crs_names_unmatched:words"] == len(replies) - matched > 0
+    for d in dialogues:  # after the named place the user's next act answers it: accepted or feedback
+        goal = json.loads((out / "personas.json").read_text())["personas"][d["persona"]]["goal"]
+        after = d["transcript"][4][1]  # user, assistant (asks), user, assistant (names), user
+        if named.id in goal["targets"]:
+            assert d["ended"] == "accepted"
+        else:
+            assert after.startswith("That is not quite it"), after
+    evaluate(out, raw / "recllmsim", tmp_path / "eval")
+    row = next(line for line in (tmp_path / "eval" / "table.md").read_text().splitlines()
+               if line.startswith("| words | 4 |"))  # fmt: skip
+    assert row.rstrip(" |").endswith(f"{matched} / {len(replies) - matched} / 0")
+
+
+def test_ratings_off_asks_no_rating_and_keeps_the_objective_figures(raw, tmp_path, monkeypatch):
+    from eval.converse import evaluate
+
+    rungs = "crs=[random, oracle-ignores, oracle]"
+    on, off = Scripted(), Scripted()
+    rated = run(args(raw, tmp_path / "on", rungs, "user_text=template"), on, Scripted())
+    bare = run(
+        args(raw, tmp_path / "off", rungs, "user_text=template", "rating.enabled=false"), off, Scripted()
+    )
+    assert (
+        "rating" in on.kinds
+        and "rating" not in off.kinds
+        and not any(k.startswith("score") for k in off.kinds)
+    )
+    assert all(row["rated_turns"] == 0 and row["unrated_turns"] == 0 for row in bare["crs"].values())
+    for name in ("random", "oracle-ignores", "oracle"):  # the course of each dialogue is the same
+        assert bare["crs"][name]["ended"] == rated["crs"][name]["ended"]
+    dialogues = {
+        folder: [(d["crs"], d["recommended"], d["success"], d["ended"])
+                 for d in map(json.loads, (tmp_path / folder / "dialogues.jsonl").read_text().splitlines())]
+        for folder in ("on", "off")
+    }  # fmt: skip
+    assert dialogues["on"] == dialogues["off"]
+    results = evaluate(tmp_path / "off", raw / "recllmsim", tmp_path / "eval")
+    table = (tmp_path / "eval" / "table.md").read_text()
+    assert (
+        table.startswith("Ratings: off") and results["goals"]["per_crs"]["oracle"]["success"]["mean"] == 1.0
+    )
+    from agents.converse import run as runner
+
+    seen = []
+    monkeypatch.setattr(runner, "run", seen.append)
+    runner.main(
+        ["--config", "configs/converse/yelp.yaml", "--out", "x", "--set", "dialogues=3", "--ratings", "off"]
+    )
+    assert seen[0].set == ["dialogues=3", "rating.enabled=False"]
+
+
+def test_a_crs_added_later_runs_alone_and_the_others_dialogues_stay(raw, tmp_path, monkeypatch):
+    from agents.converse import run as runner
+
+    both = tmp_path / "both"
+    run(args(raw, both, "crs=[oracle, random]"), Scripted(), Scripted())
+    grown = tmp_path / "grown"
+    run(args(raw, grown, "crs=[random]"), Scripted(), Scripted())
+    first = (grown / "dialogues.jsonl").read_text()
+    served = []
+    real = runner.converse
+    monkeypatch.setattr(runner, "converse", lambda name, *a: served.append(name) or real(name, *a))
+    summary = run(args(raw, grown, "crs=[random, oracle]"), Scripted(), Scripted())
+    assert set(served) == {"oracle"} and (grown / "dialogues.jsonl").read_text().startswith(first)
+    assert summary["crs"]["oracle"]["dialogues"] == summary["crs"]["random"]["dialogues"] == 12
+
+    def rows(folder):  # each recommender's dialogues, whatever the order it was run in
+        return sorted(map(json.loads, (folder / "dialogues.jsonl").read_text().splitlines()),
+                      key=lambda d: (d["crs"], d["dialogue"]))  # fmt: skip
+
+    strip = [{k: v for k, v in d.items() if k != "chunk_counts"} for d in rows(both)]
+    assert strip == [{k: v for k, v in d.items() if k != "chunk_counts"} for d in rows(grown)]
+    served.clear()
+    run(args(raw, grown, "crs=[oracle]"), Scripted(), Scripted())  # one left out: nothing to do
+    assert served == []
+    # a recommender whose own settings changed is refused by name; the shared ones by theirs
+    run(args(raw, grown, "crs=[random, base]", "crs_text=template"), Scripted(), Scripted())
+    with pytest.raises(SystemExit, match=r"crs\.base\.crs_text"):
+        run(args(raw, grown, "crs=[random, base]", "crs_text=llm"), Scripted(), Scripted())
+    with pytest.raises(SystemExit, match=r"config\.max_turns"):
+        run(args(raw, grown, "crs=[random]", "max_turns=4"), Scripted(), Scripted())
+
+
+def test_a_goal_persona_loses_patience_with_poor_places_not_with_poor_ratings(raw, tmp_path):
+    """The quit rule reads the measured fit for a goal (rating.patience_from: fit): awful ratings of
+    well-fitting places do not end the dialogue; the ratings rule ends it; poor places end it either way."""
+    from agents.converse.config import load_config
+    from agents.converse.crs import Reply
+    from agents.converse.profiles import Persona
+    from agents.converse.simulator import User, UserSimulator
+
+    saved = tmp_path / "run"
+    run(args(raw, saved, "crs=[random]", "dialogues=1", "rating.enabled=false"), Scripted(), Scripted())
+    persona = Persona(**json.loads((saved / "personas.json").read_text())["personas"][0])
+    persona.action["decisiveness"] = "decisive"  # patience 2
+    goal = persona.goal_of()
+    catalogue = load_restaurants(raw / "yelp_asc_sample" / "item_subset.json")
+    close = next(r for r in catalogue if objective_fit(goal, r) == 3 and r.id not in goal.targets)
+    far = next(r for r in catalogue if objective_fit(goal, r) == 1)
+    awful = {"rationale": "bad", "language_quality": 1, "action_quality": 1, "recommended": True,
+             "recommendation_quality": 1, "new_preference": "", "fit": 1}  # fmt: skip
+    great = {**awful, "language_quality": 5, "action_quality": 5, "recommendation_quality": 5}
+
+    def ending(place, rating, rule):
+        config = load_config(
+            None, ["max_turns=9", "personas=goals", "user_text=template", f"rating.patience_from={rule}"]
+        )
+        simulator = UserSimulator(config, Scripted(rating=rating), np.random.default_rng(0), catalogue)
+        user = User(persona)
+        simulator.step([user], [None])
+        for _ in range(3):
+            simulator.step([user], [Reply(f"Try {place.name}.", [place.id])])
+        return user.ended
+
+    assert ending(close, awful, "fit") is None  # fit 3 of 5: not unhappy, whatever the ratings say
+    assert ending(close, awful, "ratings") == "impatient"
+    assert ending(far, great, "fit") == "impatient"

@@ -74,7 +74,7 @@ def test_a_python_plugin_by_import_path_runs_in_a_full_run_beside_a_built_in(raw
     assert all(d["recommended"] == items[:2] for d in mine)  # one per turn, in order
     # an edited plug-in is a new run: the resume refuses, naming the plug-in
     plugin.write_text(plugin.read_text() + "\n# tuned\n")
-    with pytest.raises(SystemExit, match="plugins"):
+    with pytest.raises(SystemExit, match=r"crs\.mine\.sha256"):
         run(args(raw, out, "crs=[base, mine]", f"plugins={{mine: {spec}}}"), Scripted(), Scripted())
 
 

@@ -21,6 +21,10 @@ from agents.config import STRICT, ConfigError, load_yaml  # noqa: F401 (ConfigEr
 from agents.llm import LLMConfig
 from agents.plugins import is_target
 
+# the built-in recommenders of the yelp setting (agents/converse/crs.py RECOMMENDERS): the ladder's rungs
+# random, oracle-ignores, oracle-explains and oracle, and the two LLM recommenders base and agent
+YELP_CRS = {"base", "agent", "assistant", "random", "oracle", "oracle-ignores", "oracle-explains"}
+
 
 @dataclass(config=STRICT)
 class PriorsConfig:
@@ -67,6 +71,13 @@ class RatingConfig:
     read: str = Field("expected", pattern="^(json|greedy|expected)$")
     # the rating's judgement is written at this temperature (0: greedy), whatever the run's temperature
     temperature: float = Field(0.0, ge=0)
+    # off: no rating is asked (no simulator LLM call for it): the objective figures alone, in minutes
+    enabled: bool = True
+    # what the quit rule (unhappy_below, patience) reads for a persona with a catalogue goal: fit (the
+    # measured fit of each recommendation, so the dialogue's course and success do not depend on the
+    # rating LLM) or ratings (the rated satisfaction, RecUserSim's rule). Personas without a goal have no
+    # measured fit and always read the ratings.
+    patience_from: str = Field("fit", pattern="^(fit|ratings)$")
 
 
 @dataclass(config=STRICT)
@@ -143,6 +154,9 @@ class ConverseConfig:
         default_factory=lambda: ["base", "agent"]
     )  # yelp: base, agent; recllmsim: assistant; either: a name from plugins, or package.module:Class
     plugins: dict[str, PluginConfig] = field(default_factory=dict)
+    # a CRS that gives no item ids (openai, text-only): its recommendations are the catalogue places its
+    # reply names (crs.NameMatcher; matched, ambiguous and unmatched counted), so it is scored like the rest
+    match_names: bool = True
     dialogues: int = Field(10, ge=1)  # per recommender
     max_turns: int = Field(6, ge=1)  # user turns per dialogue
     seed: int = 0
@@ -176,15 +190,12 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> ConverseC
     for name in config.crs:  # the shorthand: a python plug-in named by its import path in crs itself
         if name not in config.plugins and is_target(name):
             config.plugins[name] = PluginConfig(transport="python", target=name)
-    allowed = {"yelp": {"base", "agent", "assistant", "random", "oracle"}, "recllmsim": {"assistant"}}[
-        config.setting
-    ]
+    allowed = {"yelp": YELP_CRS, "recllmsim": {"assistant"}}[config.setting]
     if config.personas == "goals" and config.setting != "yelp":
         raise ConfigError(f"{path or 'config'}: personas: goals are catalogue tasks (setting: yelp)")
-    if "oracle" in config.crs and config.personas != "goals":
-        raise ConfigError(
-            f"{path or 'config'}: crs: the oracle recommends a goal's targets (personas: goals)"
-        )
+    oracles = [name for name in config.crs if name.startswith("oracle")]
+    if oracles and config.personas != "goals":
+        raise ConfigError(f"{path or 'config'}: crs: {oracles} recommend a goal's targets (personas: goals)")
     wrong = [name for name in config.crs if name not in allowed and name not in config.plugins]
     if wrong or not config.crs:
         raise ConfigError(
@@ -204,7 +215,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> ConverseC
             raise ConfigError(
                 f"{path or 'config'}: plugins.{name}.options: only a python plug-in takes options"
             )
-    clash = sorted(set(config.plugins) & {"base", "agent", "assistant", "random", "oracle"})
+    clash = sorted(set(config.plugins) & YELP_CRS)
     if clash:
         raise ConfigError(f"{path or 'config'}: plugins: {clash} would hide the built-in recommenders")
     return config

@@ -84,12 +84,62 @@ class Reply:
     refused: list[str] = field(default_factory=list)  # item ids it named that the catalogue lacks (counted)
     raw: str | None = None  # with an error: what the CRS sent back, as it came (for a person to see)
     cut_short: bool = False  # the reply stopped at the model's token limit (kept, counted)
+    # how ``recommended`` was known: "items" (the CRS said) or "names" (the catalogue names in its text,
+    # NameMatcher: a CRS that gives no ids); ambiguous: names found that fit several places (not counted as
+    # recommended, counted)
+    matched_by: str = "items"
+    ambiguous: list[str] = field(default_factory=list)
 
 
 def disliked(phrase: str, restaurant: Restaurant) -> bool:
     """A disliked phrase matches a place when all its words are whole words of the place's text."""
     words = set(re.findall(r"\w+", restaurant.text().lower()))
     return all(w in words for w in re.findall(r"\w+", phrase.lower()))
+
+
+class NameMatcher:
+    """The catalogue places a reply names, for a CRS that says what it recommends only in words.
+
+    A name is matched as whole words, case-insensitively, the longest name first where names overlap
+    ("Taco Bell Cantina" before "Taco Bell"). A name several places share (a chain) is settled by the
+    cities named in the dialogue: one place of that name in those cities is matched; otherwise the name is
+    ambiguous and nothing is matched for it. Names shorter than ``shortest`` characters are not looked
+    for (a place called "Go" would match everywhere)."""
+
+    def __init__(self, catalogue: list[Restaurant], shortest: int = 4):
+        self.by_name: dict[str, list[Restaurant]] = {}
+        for place in catalogue:
+            name = " ".join(place.name.lower().split())
+            if len(name) >= shortest:
+                self.by_name.setdefault(name, []).append(place)
+        self.cities = sorted({p.city for p in catalogue if p.city}, key=len, reverse=True)
+        names = sorted(self.by_name, key=len, reverse=True)
+        self.pattern = (
+            re.compile(
+                r"(?<!\w)(" + "|".join(re.escape(n).replace(r"\ ", r"\s+") for n in names) + r")(?!\w)"
+            )
+            if names
+            else None
+        )
+
+    def __call__(self, text: str, context: str = "") -> tuple[list[str], list[str]]:
+        """(ids matched, in the order named; names found that stay ambiguous). ``context``: the
+        dialogue's other text, whose city names settle a chain."""
+        if self.pattern is None:
+            return [], []
+        said = (text + " " + context).lower()
+        cities = {c for c in self.cities if re.search(rf"(?<!\w){re.escape(c.lower())}(?!\w)", said)}
+        ids, ambiguous = [], []
+        for found in self.pattern.finditer(text.lower()):
+            name = " ".join(found.group(1).split())
+            places = self.by_name[name]
+            if len(places) > 1:
+                places = [p for p in places if p.city in cities]
+            if len(places) == 1:
+                ids.append(places[0].id)
+            else:
+                ambiguous.append(name)
+        return list(dict.fromkeys(ids)), list(dict.fromkeys(ambiguous))
 
 
 class CRS:
@@ -352,11 +402,62 @@ class OracleCRS(CRS):
             session.dialogue.append(("user", text))
             left = [i for i in session.targets if i not in session.recommended] or session.targets[-1:]
             place = self.by_id[left[0]]
-            reply = Reply(naming(place), [place.id])
+            reply = Reply(self.say(place, session), [place.id])
             session.dialogue.append(("assistant", reply.text))
             session.recommended += reply.recommended
             replies.append(reply)
         return replies
+
+    def say(self, place: Restaurant, session: Session) -> str:
+        return naming(place)
+
+
+OFF_TOPIC = ["Nice weather today.", "I do not know.", "Anyway.", "Whatever you say."]
+PRICE_WORDS = {"$": "cheap", "$$": "moderately priced", "$$$": "pricey", "$$$$": "very expensive"}
+
+
+class IgnoringOracle(OracleCRS):
+    """A rung of known-bad language and action: the oracle's places, in a curt reply that ignores what the
+    user said (an off-topic remark, then the bare name; no question answered, no feedback taken up). Its
+    recommendation quality equals the oracle's; its language and action ratings should be lower."""
+
+    name = "oracle-ignores"
+
+    def say(self, place: Restaurant, session: Session) -> str:
+        return f"{OFF_TOPIC[len(session.dialogue) // 2 % len(OFF_TOPIC)]} {place.name}."
+
+
+class ExplainingOracle(OracleCRS):
+    """A rung of known-good language and action: the oracle's places, each explained against the needs
+    the user stated in the dialogue (the city, kinds of food and price words of the user's messages that
+    the place matches), with the place's facts. The same places as ``IgnoringOracle``: only the words
+    differ, so the paired language and action ratings must favour this rung."""
+
+    name = "oracle-explains"
+
+    def say(self, place: Restaurant, session: Session) -> str:
+        asked = " ".join(t for r, t in session.dialogue if r == "user").lower()
+
+        def stated(words: str) -> bool:
+            return re.search(rf"(?<!\w){re.escape(words.lower())}(?!\w)", asked) is not None
+
+        needs = [c for c in place.categories if stated(c)]
+        if place.price and stated(PRICE_WORDS[place.price]):
+            needs.append(PRICE_WORDS[place.price])
+        if place.city and stated(place.city):
+            needs.append(f"in {place.city}")
+        facts = f"{', '.join(place.categories[:3]) or 'food'} in {place.city}" + (
+            f", {PRICE_WORDS[place.price]} ({place.price})" if place.price else ""
+        )
+        rated = f" It is rated {place.stars:g} stars on Yelp." if place.stars else ""
+        if needs:
+            opening = f"You asked for something {', '.join(needs)}, so I recommend {place.name}: it serves "
+        else:
+            opening = f"You have not told me your needs yet, so I recommend a well-liked place, {place.name}: it serves "
+        follow = (
+            "" if needs else " Tell me what food, price or part of town you would like, and I will refine it."
+        )
+        return f"{opening}{facts}.{rated}{follow}"
 
 
 RECOMMENDERS = {
@@ -365,4 +466,7 @@ RECOMMENDERS = {
     "assistant": Assistant,
     "random": RandomCRS,
     "oracle": OracleCRS,
+    "oracle-ignores": IgnoringOracle,
+    "oracle-explains": ExplainingOracle,
 }
+ORACLES = ("oracle", "oracle-ignores", "oracle-explains")  # they read the goal's targets (personas: goals)

@@ -8,8 +8,8 @@ The protocol is one call per turn, stateless: the dialogue so far in, the reply 
     answer = {"reply": "Try Sushi Den.", "items": ["yelp-business-id"]}   # items: optional
 
 ``items`` are the catalogue ids recommended in this reply (the Yelp setting's business ids; any ids in the
-open RecLLMSim tasks). Leave them out when your system does not know them: the simulated user then
-judges from the text whether something was recommended.
+open RecLLMSim tasks). Leave them out when your system does not know them: the places your reply names
+are then looked up in the catalogue by name (below).
 
 Transports (the config's ``plugins`` section, each entry named and listed in ``crs`` like a built-in):
 
@@ -22,6 +22,11 @@ Transports (the config's ``plugins`` section, each entry named and listed in ``c
   sent after your ``system_prompt`` (none when empty), with no token cap unless ``max_tokens`` is set, so
   only the model's window bounds it. The key is read from the environment variable ``api_key_env`` and
   never recorded. Items are not known on this transport.
+
+A reply without ``items`` (the openai transport, or a CRS that leaves them out) is read for the catalogue
+places it names (``match_names``, on by default; agents/converse/crs.py NameMatcher): the matched places
+count as recommended, so success, hit@k and fit apply and the goal's agenda reacts to them. Names that
+fit several places the dialogue's cities cannot tell apart are ambiguous and counted.
 
 Every call has a ``timeout`` (seconds). The network transports have ``retries`` (http: a timeout, a
 lost connection or a 5xx is tried again with a short backoff; openai: the openai client's own retries,
@@ -45,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents.converse.crs import CRS, Reply, Session
+from agents.converse.crs import CRS, NameMatcher, Reply, Session
 from agents.plugins import describe, load_class
 
 
@@ -170,9 +175,11 @@ class PluginCRS(CRS):
     """A plugged-in recommender behind the built-ins' batched interface: every session of a chunk is
     served at once (up to ``concurrency`` threads), each call bounded by ``timeout``."""
 
-    def __init__(self, name: str, spec, catalogue: list):
+    def __init__(self, name: str, spec, catalogue: list, match_names: bool = True):
+        """match_names: a reply without item ids is read for the catalogue names it says (NameMatcher)."""
         self.name, self.spec = name, spec
         self.by_id = {r.id: r for r in catalogue}
+        self.matcher = NameMatcher(catalogue) if catalogue and match_names else None
         self.transport = TRANSPORTS[spec.transport](spec)
         self.session = Session()
         self.hung = 0  # python plug-in calls left running after their timeout
@@ -187,11 +194,11 @@ class PluginCRS(CRS):
             with ThreadPoolExecutor(max_workers=max(1, min(self.spec.concurrency, len(sessions)))) as pool:
                 outcomes = list(pool.map(self.outcome, dialogues))
         replies = []
-        for outcome in outcomes:
+        for outcome, session in zip(outcomes, sessions, strict=True):
             if isinstance(outcome, CRSFailure):
                 replies.append(Reply("", [], error=str(outcome), raw=outcome.raw))
             else:
-                replies.append(self.accept(outcome))
+                replies.append(self.accept(outcome, session))
         for session, reply in zip(sessions, replies, strict=True):
             if reply.error is None:
                 session.dialogue.append(("assistant", reply.text))
@@ -225,7 +232,13 @@ class PluginCRS(CRS):
             self.hung += sum(thread.is_alive() for thread in threads)
         return list(outcomes)
 
-    def accept(self, answer: Answer) -> Reply:
+    def accept(self, answer: Answer, session: Session | None = None) -> Reply:
+        if answer.items is None and self.matcher is not None:  # the places its words name
+            context = " ".join(t for _, t in session.dialogue) if session else ""
+            ids, ambiguous = self.matcher(answer.reply, context)
+            return Reply(
+                answer.reply, ids, cut_short=answer.cut_short, matched_by="names", ambiguous=ambiguous
+            )
         if answer.items is None:
             return Reply(answer.reply, None, cut_short=answer.cut_short)
         items = list(dict.fromkeys(answer.items))

@@ -2,6 +2,7 @@
 
     python -m agents.converse --config configs/converse/yelp.yaml --out runs/converse/demo
     python -m agents.converse --config configs/converse/yelp.yaml --out RUN_DIR --set dialogues=40 max_turns=8
+    python -m agents.converse --config configs/converse/yelp.yaml --out RUN_DIR --ratings off   # objective only
 
 Personas are sampled once (RecLLMSim's dictionaries and priors, conflicts resolved by the LLM) and
 written to RUN_DIR/personas.json; every recommender in ``crs`` talks to the same personas, so their
@@ -10,8 +11,11 @@ the chunk); after each chunk its dialogues are appended to dialogues.jsonl and e
 turns.jsonl (text, intent, actions, rating, refinements, the recommender's reply and plan). Each chunk
 draws from its own generator (seeded by the config's seed, the recommender and the chunk), so a run
 stopped and rerun continues with the next unfinished chunk and ends as the uninterrupted run would; a
-rerun with another config or data stops naming what changed (``--overwrite`` discards). At the end
-summary.json: per recommender the mean ratings, turns, end reasons and counts, with provenance.
+rerun with another config or data stops naming what changed (``--overwrite`` discards). Each
+recommender's dialogues depend only on the shared inputs and its own (its seed comes from its name):
+adding a recommender to ``crs`` and rerunning into the same folder runs only the new one, and a
+recommender whose own inputs changed (an edited plug-in) is refused by name. At the end summary.json:
+per recommender the mean ratings, turns, end reasons and counts, with provenance.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import zlib
 from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -45,11 +50,21 @@ TASKS = {  # the settings' task types (RecLLMSim's templates)
 CHUNK = 8
 
 
+LLM_CRS = {"base", "agent", "assistant"}  # the built-ins that call crs_llm
+
+
 def run_inputs(config) -> dict:
+    """What the run's results depend on: the shared part (the simulator's settings, the data, the
+    personas' sources) and, under ``crs``, each recommender's own part (a built-in's name and, for the
+    LLM ones, crs_llm and crs_text; a plug-in's transport, target, options and code digest). A CRS added to
+    the list later changes only its own part: the others' dialogues are kept."""
     settings = as_dict(config)
     for section in ("llm", "crs_llm"):
         for key in ("base_url", "api_key_env", *EXECUTION_FIELDS):
             settings[section].pop(key, None)
+    crs_llm, crs_text = settings.pop("crs_llm"), settings.pop("crs_text")
+    for key in ("crs", "plugins"):
+        settings.pop(key)
     data = Path(config.data)
     files = sorted(p for p in data.rglob("*") if p.is_file())
     inputs = {"config": settings, "data": fingerprint.digest_files(files, data)}
@@ -60,20 +75,49 @@ def run_inputs(config) -> dict:
             [Path(config.reviews)] + ([Path(config.goal_users)] if config.goal_users else [])
         )
     try:  # a python plug-in's code is an input too: an edited CRS is a new run, not a resumed one
-        inputs["plugins"] = {  # where the file lies is provenance, not an input
+        plugins = {  # where the file lies is provenance, not an input
             name: {k: v for k, v in record.items() if k != "source"}
             for name, record in plugin_records(config).items()
         }
     except PluginError as error:
         raise SystemExit(f"error: {error}") from None
+    inputs["crs"] = {}
+    for name in config.crs:
+        if name in config.plugins:
+            spec = config.plugins[name]
+            inputs["crs"][name] = {**plugins[name], "options": spec.options, "model": spec.model,
+                                   "system_prompt": spec.system_prompt, "max_tokens": spec.max_tokens}  # fmt: skip
+        elif name in LLM_CRS:
+            inputs["crs"][name] = {"built_in": name, "crs_llm": crs_llm, "crs_text": crs_text}
+        else:
+            inputs["crs"][name] = {"built_in": name}
     return inputs
+
+
+def against_earlier(out: Path, inputs: dict) -> tuple[dict, dict]:
+    """(what to check, what to record) for this run's inputs against a run already in ``out``. Checked:
+    the shared inputs and the recommenders both runs name, so a recommender new to the folder is simply
+    run. Recorded: this run's inputs with the recommenders the earlier run had and this one leaves out
+    (their dialogues stay in the folder; naming one again later is checked against what it was)."""
+    earlier = fingerprint.recorded(out)
+    if not earlier or not isinstance(earlier.get("crs"), dict):
+        return inputs, inputs
+    check = {**inputs, "crs": {n: v for n, v in inputs["crs"].items() if n in earlier["crs"]}}
+    check["crs"].update({n: v for n, v in earlier["crs"].items() if n not in inputs["crs"]})
+    return check, {**inputs, "crs": {**earlier["crs"], **inputs["crs"]}}
+
+
+def crs_seed(name: str) -> int:
+    """A recommender's own number in the chunk seeds: its name's, so adding or reordering recommenders
+    leaves each one's dialogues as they were."""
+    return zlib.crc32(name.encode())
 
 
 def make_crs(name: str, config, backend, catalogue: list, seed: int):
     """A built-in recommender (one per chunk, seeded) or a plugged-in one (agents/converse/plugins.py)."""
     if name in config.plugins:
         try:
-            return PluginCRS(name, config.plugins[name], catalogue)
+            return PluginCRS(name, config.plugins[name], catalogue, config.match_names)
         except Exception as error:  # the researcher's constructor: a clear error before any dialogue
             raise SystemExit(
                 f"error: crs {name!r}: cannot start {config.plugins[name].target}: {error!r}"
@@ -223,12 +267,14 @@ def run(args, backend=None, crs_backend=None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with Lock(out):
-        inputs = run_inputs(config)
+        own = run_inputs(config)
+        check, inputs = against_earlier(out, own)
         has_work = (out / "personas.json").exists()
-        if not fingerprint.verdict(out, inputs, overwrite=args.overwrite, has_work=has_work):
+        if not fingerprint.verdict(out, check, overwrite=args.overwrite, has_work=has_work):
             for name in ("personas.json", "dialogues.jsonl", "turns.jsonl", "summary.json"):
                 (out / name).unlink(missing_ok=True)
             print(f"--overwrite: discarded the earlier run in {out}")
+            inputs = own
         fingerprint.record(out, inputs)
         if backend is None:
             from agents.llm import load_llm
@@ -254,8 +300,8 @@ def run(args, backend=None, crs_backend=None) -> dict:
         if done:
             print(f"resuming: {len(done)} dialogues done, {len(todo)} chunks to go")
         try:
-            for c, name, ids in tqdm(todo, desc="dialogue chunks", unit="chunk"):
-                rng = np.random.default_rng([config.seed, c + 1, ids[0]])
+            for _, name, ids in tqdm(todo, desc="dialogue chunks", unit="chunk"):
+                rng = np.random.default_rng([config.seed, crs_seed(name), ids[0]])
                 simulator = UserSimulator(config, backend, rng, catalogue)
                 crs = plugged.get(name) or make_crs(
                     name, config, crs_backend, catalogue, int(rng.integers(2**31 - 1))
@@ -268,6 +314,10 @@ def run(args, backend=None, crs_backend=None) -> dict:
                     chunk_counts[f"crs_fallbacks:{name}"] += reply["fallback"]
                     chunk_counts[f"crs_refused_items:{name}"] += len(reply["refused"])
                     chunk_counts[f"crs_cut_short:{name}"] += reply["cut_short"]
+                    if reply["matched_by"] == "names":  # a CRS without ids: the places its words named
+                        found = bool(reply["recommended"])
+                        chunk_counts[f"crs_names_{'matched' if found else 'unmatched'}:{name}"] += 1
+                        chunk_counts[f"crs_names_ambiguous:{name}"] += len(reply["ambiguous"])
                     if reply["error"]:
                         chunk_counts[f"crs_errors:{name}:{reply['error'].split(':')[0]}"] += 1
                 chunk_counts = +chunk_counts  # zeros left out
@@ -292,5 +342,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--set", nargs="*", action="extend", help="section.field=value overrides of the config"
     )
+    parser.add_argument(
+        "--ratings",
+        choices=["on", "off"],
+        help="off: no rating is asked, only the objective figures (rating.enabled=false; a run of its own)",
+    )
     parser.add_argument("--overwrite", action="store_true")
-    run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if args.ratings:
+        args.set = [*(args.set or []), f"rating.enabled={args.ratings == 'on'}"]
+    run(args)

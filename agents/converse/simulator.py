@@ -11,7 +11,10 @@ the refinement tools; batched across the dialogues of a run.
 - **Action**: one or two of request_recommendation, clarify_preference, give_feedback,
   ask_attributes, end, with the action pattern's tendencies in the prompt. The conversation ends when
   the user chooses ``end``, at ``max_turns``, or when satisfaction stays under ``unhappy_below`` for
-  ``patience`` rated turns in a row (decisive people have less patience).
+  ``patience`` rated turns in a row (decisive people have less patience). For a persona with a
+  catalogue goal that satisfaction is the measured fit of each recommendation (``rating.patience_from:
+  fit``, the default), so the dialogue's course does not depend on the rating LLM; ``ratings`` uses the
+  rated satisfaction. ``rating.enabled: false`` asks no rating at all (the objective figures alone).
 - **Response**: from the persona, the dialogue, the satisfaction in words and the chosen actions, in
   the persona's language pattern.
 - **Refinement**: each configured tool judges the message on its trait (a rule for message length;
@@ -133,6 +136,7 @@ class User:
     persona: object  # agents.converse.profiles.Persona
     dialogue: list[tuple[str, str]] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # satisfaction per rated turn
+    fits: list[float] = field(default_factory=list)  # a goal's measured fit per recommending turn
     ended: str | None = None  # why it ended: chosen | accepted | max_turns | impatient | crs_error
     stated: set[str] = field(default_factory=set)  # a goal's slots this user has stated (catalogue tasks)
 
@@ -279,24 +283,24 @@ class UserSimulator:
             if reply is not None:
                 user.dialogue.append(("assistant", reply.text))
         rated = [i for i, r in enumerate(replies) if r is not None]
-        ratings = self.rate(
-            [
-                {
-                    "about": users[i].persona.describe(),
-                    "task": users[i].persona.task,
-                    "dialogue": users[i].dialogue,
-                    "recommended": bool(replies[i].recommended)
-                    if replies[i].recommended is not None
-                    else None,
-                    "persona": users[i].persona,
-                    "fit": self.fit(users[i], replies[i]),
-                }
-                for i in rated
-            ]
-        )
-        for i, rating in zip(rated, ratings, strict=True):
-            logs[i]["rating"] = rating
-            logs[i]["fit"] = self.fit(users[i], replies[i])  # the objective part, kept if the rating fails
+        items = [
+            {
+                "about": users[i].persona.describe(),
+                "task": users[i].persona.task,
+                "dialogue": users[i].dialogue,
+                "recommended": self.says_recommended(replies[i]),
+                "persona": users[i].persona,
+                "fit": self.fit(users[i], replies[i]),
+            }
+            for i in rated
+        ]
+        ratings = self.rate(items) if self.config.rating.enabled else [None] * len(items)
+        for i, item, rating in zip(rated, items, ratings, strict=True):
+            if self.config.rating.enabled:  # with ratings off a turn has no "rating" (not a lost one)
+                logs[i]["rating"] = rating
+            logs[i]["fit"] = item["fit"]  # the objective part, kept if the rating fails
+            if item["fit"] is not None:
+                users[i].fits.append(float(item["fit"]))
             if rating is None:
                 continue
             parts = [rating["language_quality"], rating["action_quality"]]
@@ -331,7 +335,8 @@ class UserSimulator:
                 if agenda[i][1]:
                     user.stated.add(agenda[i][1])
             streak = 0
-            for score in reversed(user.scores):
+            by_fit = self.config.rating.patience_from == "fit" and user.persona.goal
+            for score in reversed(user.fits if by_fit else user.scores):
                 if score >= self.config.rating.unhappy_below:
                     break
                 streak += 1
@@ -393,6 +398,17 @@ class UserSimulator:
             user.dialogue.append(("user", message))
             log["message"] = message
         return logs
+
+    @staticmethod
+    def says_recommended(reply) -> bool | None:
+        """Whether the reply recommended something: the CRS's ids say so; None (the rating LLM judges) when
+        the CRS gave no ids, or when names were matched and none was found (it may have named a place
+        outside the catalogue)."""
+        if reply.recommended is None or (
+            getattr(reply, "matched_by", "items") == "names" and not reply.recommended
+        ):
+            return None
+        return bool(reply.recommended)
 
     def recommended_places(self, reply) -> list:
         """The catalogue places a reply recommended (none when the CRS does not say)."""
