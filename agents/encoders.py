@@ -38,9 +38,9 @@ class VaderSentiment:
         from nltk.sentiment import SentimentIntensityAnalyzer
 
         if offline:
-            from agents.lexicon import NLTK_LEXICON_SHA256, offline_nltk_data
+            from agents.lexicon import NLTK_LEXICON_SHA256, put_on_nltk_path
 
-            nltk.data.path.insert(0, str(offline_nltk_data()))
+            put_on_nltk_path()
             source = {
                 "lexicon": "vadersentiment package, rebuilt byte-identical to nltk's",
                 "sha256": NLTK_LEXICON_SHA256,

@@ -56,3 +56,14 @@ def offline_nltk_data() -> Path:
             zf.writestr("vader_lexicon/vader_lexicon.txt", text)
         tmp.replace(target)
     return root
+
+
+def put_on_nltk_path() -> None:
+    """Put the rebuilt lexicon's folder first on nltk.data.path, so code that looks for
+    ``sentiment/vader_lexicon.zip`` before downloading it (websocietysimulator's import does) finds it
+    without the network. Idempotent."""
+    import nltk
+
+    folder = str(offline_nltk_data())
+    if folder not in nltk.data.path:
+        nltk.data.path.insert(0, folder)

@@ -4,7 +4,8 @@
     record = describe("my_package.my_crs:MyCRS")     # {"target", "source", "sha256"}: provenance + fingerprint
 
 A target is ``package.module:Class`` (imported from the Python path, the working directory first) or
-``path/to/file.py:Class`` (loaded from that file). Each simulator documents the small protocol its
+``path/to/file.py:Class`` (loaded from that file, its folder put on the Python path so that it imports
+the files beside it; a file that fails halfway is not kept as a module). Each simulator documents the small protocol its
 plug-ins follow; this module only finds the class and says which code it was, so a run that used a
 plug-in records the file's digest and refuses to resume after the plug-in's code changed.
 """
@@ -44,10 +45,18 @@ def load_class(target: str) -> type:
             key = f"plugin_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
             module = sys.modules.get(key)
             if module is None:
+                # the file's own folder first, as `python file.py` would: a plug-in split into several
+                # files imports its neighbours
+                if str(path.parent) not in sys.path:
+                    sys.path.insert(0, str(path.parent))
                 spec = importlib.util.spec_from_file_location(key, path)
                 module = importlib.util.module_from_spec(spec)
                 sys.modules[key] = module
-                spec.loader.exec_module(module)
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:  # half a module is not kept: the next load tries the file again
+                    del sys.modules[key]
+                    raise
         else:
             if "" not in sys.path and str(Path.cwd()) not in sys.path:
                 sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: the working directory's packages

@@ -207,13 +207,30 @@ class ReviewStore:
         user_id: str | None = None,
         review_id: str | None = None,
         before: int | str | datetime | None = None,
+        order: str = "time",
     ) -> list[dict]:
-        """Reviews matching every given key, oldest first; never one of a blocked (user, item) pair."""
+        """Reviews matching every given key, oldest first (``order="file"``: in the order the build read
+        them, the official tool's order); never one of a blocked (user, item) pair."""
         if review_id is None and user_id is None and item_id is None:
             raise ValueError("get_reviews needs item_id, user_id or review_id")
         where, args = self._where(before, review_id=review_id, user_id=user_id, item_id=item_id)
-        sql = f"SELECT data FROM reviews r {where} ORDER BY r.ts, r.review_id"
+        by = {"time": "r.ts, r.review_id", "file": "r.rowid"}[order]
+        sql = f"SELECT data FROM reviews r {where} ORDER BY {by}"
         return [orjson.loads(data) for (data,) in self.conn.execute(sql, args)]
+
+    def ids(self, table: str, before: int | str | datetime | None = None) -> list[str]:
+        """Every id of ``table`` (items, users, or reviews visible strictly before ``before`` and not
+        blocked), in the order the build read them."""
+        if table == "reviews":
+            where, args = self._where(before)
+            return [
+                i
+                for (i,) in self.conn.execute(
+                    f"SELECT review_id FROM reviews r {where} ORDER BY r.rowid", args
+                )
+            ]
+        key = {"items": "item_id", "users": "user_id"}[table]
+        return [i for (i,) in self.conn.execute(f"SELECT {key} FROM {table} ORDER BY rowid")]
 
     def has_reviews(self, before: int | str | datetime | None = None, **keys) -> bool:
         """Whether any visible review matches the keys (strictly older than ``before``): one row read."""

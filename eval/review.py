@@ -60,6 +60,20 @@ PACKAGES = [
 
 
 def load_truth(task_dir: Path, tasks: list[dict]) -> tuple[list[float], list[str]]:
+    if not any((Path(task_dir) / "groundtruth").glob("groundtruth_*.json")):
+        raise SystemExit(
+            f"nothing to score: {task_dir} has no groundtruth/ answers (an official task folder: send the "
+            "run's output.json to the challenge's evaluator)"
+        )
+    missing = [
+        t["task_id"]
+        for t in tasks
+        if not (Path(task_dir) / "groundtruth" / f"groundtruth_{t['task_id']}.json").exists()
+    ]
+    if missing:
+        raise PredictionError(
+            f"{task_dir}/groundtruth/ has no answer for tasks {missing[:10]} ({len(missing)} missing)"
+        )
     stars, texts = [], []
     for task in tasks:
         truth = read_groundtruth(task_dir, task["task_id"])

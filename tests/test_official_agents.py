@@ -4,6 +4,7 @@ agents.simulate --agent, against the project's store, with a scripted backend be
 import hashlib
 import json
 import threading
+from pathlib import Path
 
 import pytest
 import websocietysimulator.agent
@@ -12,6 +13,8 @@ from agents.llm import Answer
 from agents.review import official, simulate
 from agents.review.official import Batcher
 from data_prep.tasks import read_targets, read_tasks
+
+HERE = Path(__file__).parent
 
 # An agent file as a challenge entry writes it: it imports nothing from this project.
 AGENT_FILE = '''
@@ -55,6 +58,24 @@ class Flaky(ReadsTheStore):
         if mode == 2:
             return {"stars": 6, "review": "six stars"}
         return super().workflow()
+
+
+class UsesTheAttributes(SimulationAgent):
+    """The official tool's dicts and the official LLM's client and embedding model."""
+
+    def workflow(self):
+        tool = self.interaction_tool
+        item, user = tool.item_data[self.task["item_id"]], tool.user_data[self.task["user_id"]]
+        mine = tool.get_reviews(user_id=self.task["user_id"])
+        assert all(tool.review_data[r["review_id"]] == r for r in mine)
+        first = mine[0]["review_id"] if mine else "none"
+        content = f"{user['user_id']} {item['item_id']} {len(mine)} {first}"
+        reply = self.llm.client.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": content}], temperature=0.0, max_tokens=32
+        )
+        dims = len(self.llm.embedding_model.embed_query("x"))
+        order = ",".join(r["review_id"] for r in mine)
+        return {"stars": 3, "review": f"{reply.choices[0].message.content.splitlines()[0]} dims {dims} order {order}"}
 
 
 class Embeds(ReadsTheStore):
@@ -237,3 +258,230 @@ def test_the_suite_scores_a_plugged_agent_beside_the_shipped_ones(
     assert "| ReadsTheStore | 12/12 |" in agents
     for baseline in ("stats", "nearest-centroid", "user-mean"):
         assert f"| ReadsTheStore > {baseline} | overall |" in claims
+
+
+MODULES = HERE / "official_agents" / "modules_agent.py"
+
+
+class ModulesLLM:
+    """Answers the official modules' prompts: a memory's relevance score, a plan, a trajectory summary,
+    and the agent's own review prompt with the review it recalled."""
+
+    def generate(self, conversations, sampling, constraint=None):
+        out = []
+        for conversation in conversations:
+            text = conversation[-1]["content"]
+            if text.rstrip().endswith("Score:"):
+                out.append("7")
+            elif text.rstrip().endswith("Plan:"):
+                out.append("Read the reviews first.")
+            elif "task resolution trajectory" in text:
+                out.append("A summary of: " + text[-40:])
+            else:
+                recalled = text.split("A review you remembered: ", 1)[1].split("\nAnswer in this format", 1)[
+                    0
+                ]
+                out.append(f"stars: 4.0\nreview: recalled {recalled}")
+        return [Answer(t) for t in out]
+
+
+def test_an_agent_on_the_official_modules_runs_unchanged_and_its_memory_embeds_with_the_runs_model(
+    monkeypatch, yelp_store, tasks, tmp_path
+):
+    """PlanningBase, ReasoningBase and MemoryDILU (chromadb through langchain-chroma), from a submission
+    split in two files: the memory holds the item's visible reviews, embedded with the run's MiniLM, and
+    recalls the one nearest the user's first review (file order)."""
+    import numpy as np
+
+    from agents.encoders import packaged_minilm
+    from data_prep.store import ReviewStore
+
+    monkeypatch.setattr(official, "load_llm", lambda config: ModulesLLM())
+    monkeypatch.chdir(tmp_path)  # the official memory modules write their vector store under ./db
+    summary = run(MODULES, "WithMemoryDILU", yelp_store, tasks, tmp_path / "run", "--limit", "6")
+    assert summary["counts"].get("agent_raised", 0) == 0
+    predicted = rows(tmp_path / "run")
+    assert {r["source"] for r in predicted} == {"agent"} and len(predicted) == 6
+    assert (tmp_path / "db" / "dilu").is_dir()
+    store, encoder = ReviewStore(yelp_store), packaged_minilm("cpu", 64)
+    tasks_by_id, moments = {t["task_id"]: t for t in read_tasks(tasks)}, read_targets(tasks)
+    checked = 0
+    for row in predicted:
+        task = {**tasks_by_id[row["task_id"]], "ts": moments[row["task_id"]]["ts"]}
+        pool = [  # what the memory stores: MemoryBase drops the "review:" marker it was handed
+            f"review: {r['text']}".replace("review:", "")
+            for r in store.get_reviews(item_id=task["item_id"], before=task["ts"], order="file")
+        ]
+        mine = store.get_reviews(user_id=task["user_id"], before=task["ts"], order="file")
+        recalled = row["review"].removeprefix("recalled ")
+        if not pool or not mine:
+            assert recalled == ""
+            continue
+        vectors = encoder.model.encode([mine[0]["text"], *pool], convert_to_numpy=True)
+        nearest = pool[int(np.argmin(np.linalg.norm(vectors[1:] - vectors[0], axis=1)))]
+        assert (
+            recalled.strip() == nearest.strip()
+        )  # a visible review of the item, the one the run's model puts nearest
+        checked += 1
+    assert checked >= 3
+
+
+@pytest.mark.parametrize("agent", ["WithMemoryGenerative", "WithMemoryTP", "WithMemoryVoyager"])
+def test_agents_on_the_other_official_memory_modules_run(agent, monkeypatch, yelp_store, tasks, tmp_path):
+    monkeypatch.setattr(official, "load_llm", lambda config: ModulesLLM())
+    monkeypatch.chdir(tmp_path)
+    summary = run(MODULES, agent, yelp_store, tasks, tmp_path / "run", "--limit", "3")
+    predicted = rows(tmp_path / "run")
+    assert {r["source"] for r in predicted} == {"agent"}, summary["counts"]
+    recalled = [r["review"].removeprefix("recalled ") for r in predicted]
+    if agent == "WithMemoryTP":  # the module's misspelt keyword (messaage=) reached the backend
+        assert any(r.startswith("Plan from successful attempt") for r in recalled)
+    else:
+        assert any(recalled)
+
+
+def test_the_tool_gives_reviews_in_file_order_and_the_official_attributes(
+    agent_file, backend, raw, yelp_store, tasks, tmp_path
+):
+    run(agent_file, "UsesTheAttributes", yelp_store, tasks, tmp_path / "run")
+    predicted = rows(tmp_path / "run")
+    assert {r["source"] for r in predicted} == {"agent"}, [r.get("counts") for r in predicted]
+    lines = [json.loads(line) for line in open(raw / "yelp_asc_sample" / "review_subset.json")]
+    moments, by_id = read_targets(tasks), {t["task_id"]: t for t in read_tasks(tasks)}
+    for row in predicted:
+        task, when = by_id[row["task_id"]], moments[row["task_id"]]["date"]
+        shown = row["review"].split(" order ", 1)[1].split(",")
+        in_file = [
+            r["review_id"]
+            for r in lines
+            if r["user_id"] == task["user_id"] and r["date"] < when and r["item_id"] != task["item_id"]
+        ]
+        assert shown == in_file  # the review file's order; the task's moment on and its pair hidden
+        assert " dims 384 " in row["review"]
+
+
+def test_reviews_come_in_the_files_order_not_by_time(raw, tmp_path):
+    """The sample's file is sorted by time; reversed, the tool must give the reversed order."""
+    import shutil
+    import threading
+
+    from data_prep import build
+    from data_prep.store import ReviewStore
+
+    source = tmp_path / "reversed"
+    shutil.copytree(raw / "yelp_asc_sample", source, ignore=shutil.ignore_patterns("review_subset.json"))
+    lines = (raw / "yelp_asc_sample" / "review_subset.json").read_text().splitlines()
+    (source / "review_subset.json").write_text("\n".join(reversed(lines)) + "\n")
+    build.main(
+        ["--source", "asc", "--platform", "yelp", "--input", str(source), "--out", str(tmp_path / "store")]
+    )
+    store = ReviewStore(tmp_path / "store")
+    rows = [json.loads(line) for line in reversed(lines)]
+    user = max({r["user_id"] for r in rows}, key=lambda u: sum(r["user_id"] == u for r in rows))
+    tool = official.StoreTool(store, None, threading.Lock())
+    shown = [r["review_id"] for r in tool.get_reviews(user_id=user)]
+    assert shown == [r["review_id"] for r in rows if r["user_id"] == user] and len(shown) > 2
+    assert shown != [
+        r["review_id"] for r in store.get_reviews(user_id=user)
+    ]  # the agents' own order: by time
+    assert list(tool.review_data)[:3] == [r["review_id"] for r in rows[:3]] and len(tool.review_data) == len(
+        rows
+    )
+
+
+def test_an_official_task_folder_without_targets_runs_and_is_not_scored(
+    agent_file, backend, yelp_store, tasks, tmp_path
+):
+    import shutil
+
+    from eval import review
+
+    folder = tmp_path / "official_tasks"
+    shutil.copytree(tasks / "tasks", folder / "tasks")  # what the challenge hands out: tasks alone
+    with pytest.raises(SystemExit, match="--visibility official"):
+        run(agent_file, "ReadsTheStore", yelp_store, folder, tmp_path / "timed")
+    summary = run(
+        agent_file, "ReadsTheStore", yelp_store, folder, tmp_path / "run", "--visibility", "official"
+    )
+    assert (
+        summary["predicted"] == 12 and len(json.loads((tmp_path / "run" / "output.json").read_text())) == 12
+    )
+    with pytest.raises(SystemExit, match="nothing to score"):
+        review.main(
+            [
+                "--tasks",
+                str(folder),
+                "--predictions",
+                str(tmp_path / "run" / "predictions.jsonl"),
+                "--out",
+                str(tmp_path / "e"),
+            ]
+        )
+
+
+def test_an_agent_file_imports_the_file_beside_it_and_a_failed_import_is_not_kept(tmp_path):
+    import sys
+
+    from agents.plugins import PluginError, load_class
+
+    (tmp_path / "helper_for_agent.py").write_text("VALUE = 7\n")
+    (tmp_path / "agent_with_helper.py").write_text(
+        "from helper_for_agent import VALUE\nclass A:\n    value = VALUE\n"
+    )
+    assert load_class(f"{tmp_path / 'agent_with_helper.py'}:A").value == 7
+    broken = tmp_path / "half.py"
+    broken.write_text("class A:\n    pass\nraise RuntimeError('halfway')\n")
+    before = set(sys.modules)
+    with pytest.raises(PluginError, match="halfway"):
+        load_class(f"{broken}:A")
+    assert set(sys.modules) == before  # no half module left behind
+    broken.write_text("class A:\n    fixed = True\n")
+    assert load_class(f"{broken}:A").fixed  # the next load reads the file again
+
+
+def test_one_bad_call_fails_only_its_own_workflow_and_waiting_is_not_the_tasks_own_time():
+    import time
+
+    from agents.llm import Sampling
+
+    class Picky:
+        def __init__(self):
+            self.batches = []
+
+        def generate(self, conversations, sampling, constraint=None):
+            self.batches.append([c[0]["content"] for c in conversations])
+            if sampling.max_new_tokens == 16:
+                time.sleep(0.6)  # a slow batch of another setting, served first
+            if any(c[0]["content"] == "far too long" for c in conversations):
+                raise ValueError("the prompt is longer than the model's window")
+            return [Answer(c[0]["content"].upper()) for c in conversations]
+
+    backend = Picky()
+    batcher = Batcher(backend, seed=0, window_s=0.2)
+    out, idents = {}, {}
+
+    def call(text, tokens):
+        idents[text] = threading.get_ident()
+        try:
+            out[text] = batcher.ask([{"role": "user", "content": text}], Sampling(tokens), 1)[0].text
+        except ValueError as error:
+            out[text] = f"error: {error}"
+        finally:
+            batcher.stopped({})
+
+    threads = [threading.Thread(target=call, args=a) for a in (("slow", 16), ("a", 8), ("far too long", 8))]
+    for _ in threads:
+        batcher.started()
+    for thread in threads:
+        thread.start()
+        time.sleep(0.03)  # in this order: the slow setting's group is served first
+    for thread in threads:
+        thread.join(10)
+    assert out == {
+        "slow": "SLOW",
+        "a": "A",
+        "far too long": "error: the prompt is longer than the model's window",
+    }
+    assert ["a", "far too long"] in backend.batches and ["a"] in backend.batches  # retried alone
+    # the calls of the second setting waited for the slow batch: not their own time
+    assert batcher.queued[idents["a"]] >= 0.5 and batcher.queued[idents["slow"]] < 0.4

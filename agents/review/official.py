@@ -21,7 +21,15 @@ gets from this project instead of the official objects:
   ``get_embedding_model()`` is the packaged all-MiniLM-L6-v2 behind LangChain's ``Embeddings``;
 - **batching**: ``batch_size`` workflows run in threads at once, and the LLM calls they make at the
   same moment go to the backend as one batch (``Batcher``); each task has the official per-task
-  timeout (``agent_timeout_s``, 300 s).
+  timeout (``agent_timeout_s``, 300 s) on its own clock: the time its LLM calls waited while the
+  backend served other tasks' calls is not counted. A batch the backend refuses (a prompt longer than
+  the model's window) is retried call by call, so only the offending task fails.
+- **the official attributes**: the tool's ``item_data``, ``user_data`` and ``review_data`` (read from
+  the store with the run's visibility), reviews in the review file's order as the official tool gives
+  them, and the LLM's ``client`` (``chat.completions.create``) and ``embedding_model``. Agents built on
+  ``websocietysimulator.agent.modules`` (planning, reasoning, memory, tool use) run: their vector store
+  (chromadb, through langchain-chroma) embeds with the run's embedding model, in ``./db`` as the
+  package writes it.
 
 A workflow that raises, runs past the timeout, or returns no usable ``stars`` (a number from 1 to 5)
 and ``review`` (non-empty text) is counted (``agent_raised``, ``agent_timeout``, ``agent_malformed``),
@@ -38,36 +46,102 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from agents.llm import Answer, Sampling, load_llm
-from agents.plugins import describe, load_class
+from agents.plugins import PluginError, describe, load_class
 from agents.review.agent import AgentConfig, Prediction, ReviewAgent, usable
 
 FAILURES = "agent_failures.jsonl"
 
 
+# what the official agent modules (websocietysimulator.agent.modules: the planning, reasoning, memory and
+# tool-use classes most entries build on) import beyond the package's core
+MODULE_PACKAGES = {"langchain_chroma", "langchain", "chromadb"}
+SETUP_HINT = (
+    "make setup installs websocietysimulator's core (--no-deps), what it imports (langchain-openai, tenacity, "
+    "lmdb) and what its agent modules import (langchain-chroma, chromadb, langchain's docstore) in .venv; "
+    "make vllm-env does the same in .venv-vllm"
+)
+
+
 def official_package() -> dict:
-    """Where the agents' ``websocietysimulator`` comes from (for provenance); a clear error without it."""
+    """Where the agents' ``websocietysimulator`` comes from (for provenance); a clear error without it.
+
+    Before the import: the rebuilt VADER lexicon goes on nltk's path (the package's import downloads it
+    when nltk cannot find it), and chromadb's usage telemetry is off (``ANONYMIZED_TELEMETRY``, unless
+    set): nothing leaves the machine."""
+    import os
+
+    from agents.lexicon import put_on_nltk_path
+
+    os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+    put_on_nltk_path()
     try:
         from importlib.metadata import version
 
         import websocietysimulator  # noqa: F401
     except ImportError as error:
         raise SystemExit(
-            f"error: --agent runs AgentSociety agents, which import websocietysimulator ({error}): "
-            "`pip install --no-deps websocietysimulator==1.0.0a30` and its core's imports, langchain-openai, "
-            "tenacity and lmdb (make setup does both)"
+            f"error: --agent runs AgentSociety agents, which import websocietysimulator ({error}): {SETUP_HINT}"
         ) from error
     return {"package": "websocietysimulator", "version": version("websocietysimulator")}
 
 
+def load_agent(target: str) -> type:
+    """The agent class; an agent whose import misses a package of the official modules is told which
+    make target installs it."""
+    official_package()
+    try:
+        return load_class(target)
+    except PluginError as error:
+        cause = error.__cause__
+        if isinstance(cause, ModuleNotFoundError) and (cause.name or "").split(".")[0] in MODULE_PACKAGES:
+            raise SystemExit(f"error: {error}: {SETUP_HINT}") from None
+        raise
+
+
+class StoreView(Mapping):
+    """One of the official tool's dicts (``item_data``, ``user_data``, ``review_data``), read from the
+    store when asked: reviews with the run's visibility (none from the task's moment on, none of a task
+    pair); ids in the store's file order."""
+
+    def __init__(self, tool: StoreTool, table: str):
+        self.tool, self.table = tool, table
+
+    def __getitem__(self, key: str) -> dict:
+        with self.tool.lock:
+            if self.table == "reviews":
+                found = self.tool.store.get_reviews(review_id=key, before=self.tool.before)
+                value = found[0] if found else None
+            else:
+                value = (self.tool.store.get_item if self.table == "items" else self.tool.store.get_user)(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __iter__(self):
+        with self.tool.lock:
+            ids = self.tool.store.ids(self.table, before=self.tool.before)
+        return iter(ids)
+
+    def __len__(self) -> int:
+        with self.tool.lock:
+            return len(self.tool.store.ids(self.table, before=self.tool.before))
+
+
 class StoreTool:
-    """The official InteractionTool's three calls over this project's review store, at one moment."""
+    """The official InteractionTool over this project's review store, at one moment: its three calls
+    (reviews in the order the official tool gives them, the files' order) and its ``item_data``,
+    ``user_data`` and ``review_data`` dicts (StoreView)."""
 
     def __init__(self, store, before: int | None, lock: threading.Lock):
         self.store, self.before, self.lock = store, before, lock
+        self.item_data = StoreView(self, "items")
+        self.user_data = StoreView(self, "users")
+        self.review_data = StoreView(self, "reviews")
 
     def get_user(self, user_id: str) -> dict | None:
         with self.lock:
@@ -82,7 +156,8 @@ class StoreTool:
     def get_reviews(
         self, item_id: str | None = None, user_id: str | None = None, review_id: str | None = None
     ) -> list[dict]:
-        """As the official tool: by review id, else by item, else by user (one key, in that order)."""
+        """As the official tool: by review id, else by item, else by user (one key, in that order), in
+        the review file's order."""
         key = (
             {"review_id": review_id}
             if review_id
@@ -95,7 +170,7 @@ class StoreTool:
         if key is None:
             return []
         with self.lock:
-            return self.store.get_reviews(**key, before=self.before)
+            return self.store.get_reviews(**key, before=self.before, order="file")
 
 
 class Batcher:
@@ -109,6 +184,9 @@ class Batcher:
         self.pending: list[dict] = []
         self.running = 0  # workflows that may still call the LLM
         self.abandoned: set[int] = set()  # threads past their timeout: their calls are refused
+        # per thread, the seconds its calls waited while the backend served other calls: not the task's
+        # own time, so not counted against its timeout
+        self.queued: Counter = Counter()
         self.calls, self.batches = 0, 0
         threading.Thread(target=self.serve, daemon=True, name="llm-batcher").start()
 
@@ -130,7 +208,8 @@ class Batcher:
     def ask(self, messages: list[dict], sampling: Sampling, n: int) -> list[Answer]:
         if threading.get_ident() in self.abandoned:
             raise TimeoutError("this workflow ran past its timeout: its task has fallen back")
-        slot = {"messages": messages, "sampling": sampling, "n": n, "done": threading.Event()}
+        slot = {"messages": messages, "sampling": sampling, "n": n, "done": threading.Event(),
+                "thread": threading.get_ident(), "asked": time.monotonic()}  # fmt: skip
         with self.cond:
             self.pending.append(slot)
             self.cond.notify_all()
@@ -150,23 +229,33 @@ class Batcher:
                 key = (slot["sampling"].max_new_tokens, slot["sampling"].temperature)
                 groups.setdefault(key, []).append(slot)
             for slots in groups.values():
-                sampling = slots[0]["sampling"]
-                conversations = [s["messages"] for s in slots for _ in range(s["n"])]
-                self.batches += 1
+                now = time.monotonic()
+                with self.cond:
+                    for s in slots:  # waited behind other calls (and the batching window) until now
+                        self.queued[s["thread"]] += now - s["asked"]
                 self.calls += len(slots)
-                try:
-                    answers = self.backend.generate(
-                        conversations, replace(sampling, seed=self.seed + self.batches)
-                    )
-                except Exception as error:  # every waiting workflow gets the backend's error
-                    for s in slots:
-                        s["error"] = error
-                        s["done"].set()
-                    continue
-                at = 0
+                self.answer(slots)
+
+    def answer(self, slots: list[dict]) -> None:
+        """One batch to the backend. If it fails, each call is tried alone, so one bad call (a prompt
+        longer than the model's window) fails only its own workflow."""
+        sampling = slots[0]["sampling"]
+        conversations = [s["messages"] for s in slots for _ in range(s["n"])]
+        self.batches += 1
+        try:
+            answers = self.backend.generate(conversations, replace(sampling, seed=self.seed + self.batches))
+        except Exception as error:
+            if len(slots) > 1:
                 for s in slots:
-                    s["answers"], at = answers[at : at + s["n"]], at + s["n"]
-                    s["done"].set()
+                    self.answer([s])
+                return
+            slots[0]["error"] = error
+            slots[0]["done"].set()
+            return
+        at = 0
+        for s in slots:
+            s["answers"], at = answers[at : at + s["n"]], at + s["n"]
+            s["done"].set()
 
 
 def embedding_model():
@@ -203,13 +292,19 @@ def project_llm_class():
 
         def __call__(
             self,
-            messages: list[dict],
+            messages: list[dict] | str | None = None,
             model: str | None = None,
             temperature: float = 0.0,
             max_tokens: int = 500,
             stop_strs: list[str] | None = None,
             n: int = 1,
+            messaage: str | None = None,
         ) -> str | list[str]:
+            """The official call. Two forms the package's own modules use are accepted: ``messaage=``
+            (MemoryTP's spelling) and a plain string (one user message)."""
+            messages = messaage if messages is None else messages
+            if isinstance(messages, str):
+                messages = [{"role": "user", "content": messages}]
             sampling = Sampling(max_new_tokens=int(max_tokens), temperature=float(temperature))
             answers = [cut_at_stop(a.text, stop_strs) for a in self.batcher.ask(messages, sampling, int(n))]
             return answers[0] if n == 1 else answers
@@ -220,7 +315,52 @@ def project_llm_class():
                     self.embedding = embedding_model()
             return self.embedding
 
+        @property
+        def embedding_model(self):
+            """The official LLMs' attribute: the same model as get_embedding_model()."""
+            return self.get_embedding_model()
+
+        @property
+        def client(self):
+            """The official LLMs' OpenAI client: ``client.chat.completions.create(...)`` answered by the
+            run's backend, through the same batches."""
+            return ChatClient(self)
+
     return ProjectLLM
+
+
+class ChatClient:
+    """``client.chat.completions.create(model=, messages=, temperature=, max_tokens=, stop=, n=)`` over a
+    ProjectLLM, returning the openai package's ChatCompletion (other arguments are not supported: an
+    error names them)."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.chat = self
+        self.completions = self
+
+    def create(self, *, messages, model=None, temperature=0.0, max_tokens=500, stop=None, n=1, **other):
+        from openai.types.chat import ChatCompletion
+
+        if other:
+            raise TypeError(
+                f"chat.completions.create: not supported by the project's backend: {sorted(other)}"
+            )
+        stops = [stop] if isinstance(stop, str) else stop
+        texts = self.llm(messages, model, temperature, max_tokens or 500, stops, n)
+        texts = [texts] if n == 1 else texts
+        return ChatCompletion.model_validate(
+            {
+                "id": "local",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model or self.llm.model,
+                "choices": [
+                    {"index": i, "finish_reason": "stop", "message": {"role": "assistant", "content": t}}
+                    for i, t in enumerate(texts)
+                ],
+            }
+        )
 
 
 def cut_at_stop(text: str, stops: list[str] | None) -> str:
@@ -251,7 +391,7 @@ class OfficialAgentRunner:
 
         self.package = official_package()
         self.config, self.store, self.out = config, store, out
-        self.agent_class = load_class(config.agent)
+        self.agent_class = load_agent(config.agent)
         self.task_class = SimulationTask
         self.fallback = ReviewAgent(replace(config, kind="stats", selection="answer"), None, store, encoder)
         self.stars = self.fallback.stars  # its report is the run's star_model.json
@@ -262,6 +402,8 @@ class OfficialAgentRunner:
 
     def workflow(self, task: dict, result: dict) -> None:
         """One task in its own thread: the official Simulator's steps; the outcome into ``result``."""
+        with self.batcher.cond:  # a thread id can be reused: this task's queued time starts at zero
+            self.batcher.queued[threading.get_ident()] = 0.0
         try:
             before = None if self.config.visibility == "official" else task["ts"]
             agent = self.agent_class(llm=self.llm)
@@ -275,22 +417,35 @@ class OfficialAgentRunner:
 
     def predict(self, tasks: list[dict]) -> list[Prediction]:
         results = [{} for _ in tasks]
-        threads = []
+        threads, started = [], {}
         for task, result in zip(tasks, results, strict=True):
             self.batcher.started()
             thread = threading.Thread(target=self.workflow, args=(task, result), daemon=True)
             thread.start()
             threads.append(thread)
-        deadline = time.monotonic() + self.config.agent_timeout_s
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            started[thread] = time.monotonic()
+        # each task's own clock: from its start, less the time its LLM calls waited while the backend
+        # served other tasks' calls; past agent_timeout_s it is abandoned (checked every 0.05 s)
+        late = set()
+        while alive := [k for k, t in enumerate(threads) if t.is_alive() and t not in late]:
+            now = time.monotonic()
+            for k in alive:
+                with self.batcher.cond:
+                    queued = self.batcher.queued[threads[k].ident]
+                if now - started[threads[k]] - queued > self.config.agent_timeout_s:
+                    late.add(threads[k])
+                    self.batcher.stopped(results[k], threads[k])  # abandoned: its calls are refused
+            threads[alive[0]].join(0.05)
         with self.lock:  # abandoned workflows may still read the store
             fallbacks = self.fallback.predict(tasks)
         out = []
         with open(self.out / FAILURES, "a") as failures:
             for task, result, thread, fallback in zip(tasks, results, threads, fallbacks, strict=True):
-                if thread.is_alive():
-                    reason, detail = "agent_timeout", f"no answer after {self.config.agent_timeout_s} s"
+                if thread in late:
+                    reason, detail = (
+                        "agent_timeout",
+                        f"no answer after {self.config.agent_timeout_s} s of its own",
+                    )
                     self.batcher.stopped(result, thread)  # abandoned: no longer waited for, nor served
                 elif "error" in result:
                     reason, detail = "agent_raised", result["error"]
@@ -320,4 +475,6 @@ class OfficialAgentRunner:
 
 def plugin_record(target: str) -> dict:
     """The agent's import path and file digest, and the official package's version (provenance)."""
-    return {**describe(target), "websocietysimulator": official_package()["version"]}
+    version = official_package()["version"]
+    load_agent(target)  # a clear error, naming the make target, for a module the agent's imports miss
+    return {**describe(target), "websocietysimulator": version}

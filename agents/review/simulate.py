@@ -86,16 +86,21 @@ def finished(path: Path) -> dict[int, dict]:
     return {r["task_id"]: r for r in rows}
 
 
-def load_tasks(args: RunArguments) -> list[dict]:
+def load_tasks(args: RunArguments, visibility: str = "time-aware") -> list[dict]:
+    """The task folder's tasks with their target times (targets.jsonl, written by data_prep.split).
+    Under the official visibility no time is needed: an official task folder without targets.jsonl
+    runs, its tasks with no moment (``ts`` None)."""
     tasks = read_tasks(args.tasks)
     targets = read_targets(args.tasks)
     missing = [t["task_id"] for t in tasks if t["task_id"] not in targets]
-    if missing:
+    if missing and not (visibility == "official" and not targets):
         raise SystemExit(
             f"error: {args.tasks}/targets.jsonl has no target time for tasks {missing[:10]}: make the "
-            "tasks with data_prep.split (the agent must know what 'strictly older' means)"
+            "tasks with data_prep.split (the agent must know what 'strictly older' means), or run an "
+            "official task folder (no targets.jsonl) with --visibility official"
         )
-    tasks = [{**t, "date": targets[t["task_id"]]["date"], "ts": targets[t["task_id"]]["ts"]} for t in tasks]
+    none = {"date": None, "ts": None}
+    tasks = [{**t, **{k: targets.get(t["task_id"], none)[k] for k in ("date", "ts")}} for t in tasks]
     if args.limit is not None:
         tasks = tasks[: args.limit]
     if args.shard:
@@ -210,9 +215,10 @@ def adapter_postdates(adapter: str | None, tasks: list[dict], store: ReviewStore
             return None
     elif (latest := store.latest_ts_of(ids)) is None:
         return {"latest_training_review": None, "tasks_at_or_before_it": 0, "tasks": len(tasks)}
+    timed = [t for t in tasks if t["ts"] is not None]  # an official task folder's tasks have no moment
     return {
         "latest_training_review": format_utc(latest),
-        "tasks_at_or_before_it": sum(t["ts"] <= latest for t in tasks),
+        "tasks_at_or_before_it": sum(t["ts"] <= latest for t in timed) if timed else None,
         "tasks": len(tasks),
     }
 
@@ -308,7 +314,7 @@ def prediction_row(p, seconds: float) -> dict:
 def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tasks = load_tasks(args)
+    tasks = load_tasks(args, agent_config.visibility)
     store = ReviewStore.open(args.data, tasks=args.tasks)
     has_work = any((out / name).exists() for name in WORK_FILES)
     inputs = fingerprint_inputs(agent_config, llm_config, args, store)
