@@ -485,3 +485,22 @@ def test_one_bad_call_fails_only_its_own_workflow_and_waiting_is_not_the_tasks_o
     assert ["a", "far too long"] in backend.batches and ["a"] in backend.batches  # retried alone
     # the calls of the second setting waited for the slow batch: not their own time
     assert batcher.queued[idents["a"]] >= 0.5 and batcher.queued[idents["slow"]] < 0.4
+
+
+def test_importing_the_official_package_does_not_reach_for_the_network():
+    """websocietysimulator's import downloads the VADER lexicon when nltk cannot find it; the runner puts
+    the rebuilt lexicon on nltk's path first (a fresh interpreter, with downloads made to fail loudly)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import nltk\n"
+        "def refuse(*a, **k): raise SystemExit('nltk.download was called')\n"
+        "nltk.download = refuse\n"
+        "from agents.review.official import official_package\n"
+        "print(official_package()['version'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=HERE.parent
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "1.0.0a30", done.stderr[-2000:]
