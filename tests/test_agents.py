@@ -626,15 +626,41 @@ def test_shards_cover_every_task_once_and_merge(yelp_store, yelp_tasks, tmp_path
     rows = [json.loads(line) for line in (tmp_path / "all" / "predictions.jsonl").read_text().splitlines()]
     assert [r["task_id"] for r in rows] == list(range(20)) and summary["missing"] == []
     assert len(json.loads((tmp_path / "all" / "output.json").read_text())) == 20
-    simulate.main(["--out", str(tmp_path / "some"), "--tasks", str(yelp_tasks), "--merge", *shards[:2]])
-    some = json.loads((tmp_path / "some" / "summary.json").read_text())
-    assert some["missing"] == [t for t in range(20) if t % 3 == 2]  # reported, not hidden
+    with pytest.raises(SystemExit, match=r"missing shards \[2\]"):  # only a whole run merges
+        simulate.main(["--out", str(tmp_path / "some"), "--tasks", str(yelp_tasks), "--merge", *shards[:2]])
+    assert not (tmp_path / "some" / "predictions.jsonl").exists()
+    (Path(shards[1]) / "summary.json").rename(tmp_path / "kept.json")  # shard 1 stopped before it finished
+    with pytest.raises(SystemExit, match="unfinished .*shard_1"):
+        simulate.main(["--out", str(tmp_path / "some"), "--tasks", str(yelp_tasks), "--merge", *shards])
+    (tmp_path / "kept.json").rename(Path(shards[1]) / "summary.json")
     with pytest.raises(SystemExit, match="two shards"):
-        simulate.main(["--out", str(tmp_path / "twice"), "--merge", shards[0], shards[0]])
+        simulate.main(["--out", str(tmp_path / "twice"), "--merge", *shards, shards[0]])
     assert summary["visibility"] == "time-aware" and summary["predicted"] == 20
     simulate.main([*common, "--out", str(tmp_path / "other"), "--shard", "0/3", "--k_user", "1"])
     with pytest.raises(SystemExit, match=r"other inputs .*agent\.k_user"):
-        simulate.main(["--out", str(tmp_path / "mixed"), "--merge", shards[1], str(tmp_path / "other")])
+        simulate.main(["--out", str(tmp_path / "mixed"), "--merge", str(tmp_path / "other"), *shards[1:]])
+
+
+def test_a_second_review_run_into_the_same_folder_is_refused(yelp_store, yelp_tasks, tmp_path):
+    from agents.runs import Lock
+
+    config = tmp_path / "stats.yaml"
+    config.write_text("kind: stats\nretrieval: bm25\n")
+    argv = [
+        "--config",
+        str(config),
+        "--data",
+        str(yelp_store),
+        "--tasks",
+        str(yelp_tasks),
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    (tmp_path / "run").mkdir()
+    with Lock(tmp_path / "run"), pytest.raises(SystemExit, match="held by another process"):
+        simulate.main(argv)  # another run holds the folder: nothing appended
+    assert not (tmp_path / "run" / "predictions.jsonl").exists()
+    assert simulate.main(argv)["predicted"] == 20  # once it is free
 
 
 def test_simulate_slurm_dry_run_prints_shard_and_merge():
@@ -666,9 +692,12 @@ def test_simulate_slurm_refuses_a_vllm_config_without_vllm_before_any_task_start
     assert not (tmp_path / "run").exists()  # refused before any shard folder or marker was made
 
 
-def test_simulate_slurm_array_merges_once_per_array_and_again_for_a_new_one(yelp_store, yelp_tasks, tmp_path):
-    """The script as a job array would run it (no Slurm needed: it reads the array variables): the last
-    shard to finish merges exactly shards 0..N-1; a later array into the same folder merges again."""
+def test_simulate_slurm_array_merges_a_whole_run_and_a_resubmitted_shard_completes_it(
+    yelp_store, yelp_tasks, tmp_path
+):
+    """The script as a job array would run it (no Slurm needed: it reads the array variables): a shard
+    outside SHARDS is refused; shards merge only when all SHARDS have finished; a shard resubmitted alone
+    (a new array job of one task) runs its own shard of SHARDS and completes the run."""
     import subprocess
 
     repo = Path(__file__).parents[1]
@@ -676,26 +705,29 @@ def test_simulate_slurm_array_merges_once_per_array_and_again_for_a_new_one(yelp
     config.write_text("kind: stats\nretrieval: bm25\n")
     run_dir = tmp_path / "run"
 
-    def shard(array_job: int, index: int) -> str:
+    def shard(array_job: int, index: int, count: int, check=True) -> subprocess.CompletedProcess:
         env = {
             **os.environ,
             "RUN_DIR": str(run_dir),
             "VENV": str(Path(sys.executable).parents[1]),
+            "SHARDS": "3",
             "SLURM_ARRAY_JOB_ID": str(array_job),
             "SLURM_ARRAY_TASK_ID": str(index),
-            "SLURM_ARRAY_TASK_COUNT": "2",
+            "SLURM_ARRAY_TASK_COUNT": str(count),
         }
         command = ["bash", "slurm/simulate.sbatch", str(config), str(yelp_store), str(yelp_tasks)]
-        return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, check=check)
 
-    assert "merged" not in shard(100, 0)
-    assert "merged 20 predictions from 2 shards" in shard(100, 1)
+    outside = shard(100, 3, 4, check=False)
+    assert outside.returncode == 2 and "outside the run's 3 shards" in outside.stderr
+    assert "not merging yet: shards 1 2 of 3" in shard(100, 0, 3).stdout
+    assert "not merging yet: shards 2 of 3" in shard(100, 1, 3).stdout  # shard 2 failed; nothing merged
+    assert not (run_dir / "predictions.jsonl").exists()
+    again = shard(101, 2, 1).stdout  # resubmitted alone: still shard 2 of 3, and the run is whole
+    assert "merged 20 predictions from 3 shards" in again
+    assert json.loads((run_dir / "shard_2" / "fingerprint.json").read_text())["inputs"]["shard"] == "2/3"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["shards"] == 2 and summary["predicted"] == 20 and summary["missing"] == []
-    (run_dir / "predictions.jsonl").unlink()
-    shard(101, 1)
-    assert "merged 20 predictions from 2 shards" in shard(101, 0)  # not blocked by array 100's marker
-    assert len((run_dir / "predictions.jsonl").read_text().splitlines()) == 20
+    assert summary["shards"] == 3 and summary["predicted"] == 20 and summary["missing"] == []
 
 
 def test_slurm_log_folders_are_part_of_the_checkout():

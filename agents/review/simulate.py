@@ -48,7 +48,7 @@ from agents.review.agent import (
     ReviewAgent,
 )
 from agents.review.select import chosen_for, option_name, read_rule
-from agents.runs import drop_cut_line
+from agents.runs import Lock, drop_cut_line
 from data_prep import fingerprint
 from data_prep.provenance import provenance
 from data_prep.schema import format_utc
@@ -312,8 +312,15 @@ def prediction_row(p, seconds: float) -> dict:
 
 
 def run(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments) -> dict:
+    """One run into ``args.out``, which one process holds at a time (a second run into the same folder
+    stops with an error instead of appending to the same predictions)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    with Lock(out):
+        return run_locked(agent_config, llm_config, args, out)
+
+
+def run_locked(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments, out: Path) -> dict:
     tasks = load_tasks(args, agent_config.visibility)
     store = ReviewStore.open(args.data, tasks=args.tasks)
     has_work = any((out / name).exists() for name in WORK_FILES)
@@ -406,17 +413,45 @@ def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dic
             bar.update(len(batch))
 
 
+def check_complete(shards: list[str], specs: dict[str, str | None]) -> None:
+    """Every shard of the run is there and finished: shards 0..N-1 of one count N (each shard's
+    fingerprint says which it is), each with the summary.json its finished run writes. Otherwise an
+    error naming the missing and unfinished shards (nothing is merged)."""
+    found = {shard: spec for shard, spec in specs.items() if spec}
+    counts = {spec.split("/")[1] for spec in found.values()}
+    if len(counts) > 1:
+        raise SystemExit(f"error: these shards split the tasks in different counts: {sorted(found.values())}")
+    count = int(counts.pop()) if counts else 1
+    indices = [int(spec.split("/")[0]) for spec in found.values()]
+    missing = sorted(set(range(count)) - set(indices))
+    unfinished = sorted(shard for shard in shards if not (Path(shard) / "summary.json").exists())
+    if missing or unfinished:
+        raise SystemExit(
+            f"error: not every shard of {count} is complete: missing shards {missing or 'none'}, "
+            f"unfinished {unfinished or 'none'}; nothing merged (rerun those shards, then merge again)"
+        )
+
+
 def merge(shards: list[str], out: Path, task_dir: str | None) -> dict:
     """Shard runs -> one run: predictions.jsonl, and with --tasks the official output.json; summary.json
-    counts every shard's prediction lines. Shards run from other inputs (their fingerprints differ in
-    more than the shard) are refused; a task in two shards is an error, a task of the folder in none is
-    reported."""
+    counts every shard's prediction lines. Only a whole run merges: every shard 0..N-1, finished
+    (check_complete). Shards run from other inputs (their fingerprints differ in more than the shard)
+    are refused; a task in two shards is an error; a task of the folder in none (one that failed in its
+    shard) is reported."""
     out.mkdir(parents=True, exist_ok=True)
-    inputs = {}  # each shard's fingerprint without its shard: they must agree
+    with Lock(out):
+        return merge_locked(shards, out, task_dir)
+
+
+def merge_locked(shards: list[str], out: Path, task_dir: str | None) -> dict:
+    inputs, specs = {}, {}  # each shard's fingerprint without its shard (they must agree), and its "i/N"
     for shard in shards:
         path = Path(shard) / fingerprint.FILE
         if path.exists():
-            inputs[shard] = {k: v for k, v in json.loads(path.read_text())["inputs"].items() if k != "shard"}
+            recorded = json.loads(path.read_text())["inputs"]
+            specs[shard] = recorded.get("shard")
+            inputs[shard] = {k: v for k, v in recorded.items() if k != "shard"}
+    check_complete(shards, specs)
     for shard, shard_inputs in inputs.items():
         changed = fingerprint.differences(next(iter(inputs.values())), shard_inputs)
         if changed:
