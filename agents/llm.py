@@ -36,7 +36,9 @@ penalty, no-repeat n-gram) reaches every backend; nothing else applies. ``hf`` s
 ``generation_config`` aside when it loads (what it asked is in ``info["model_generation_config"]``),
 ``vllm`` builds every ``SamplingParams`` in full, ``openai`` sends the standard fields and, with
 ``decoding_fields: vllm``, vLLM's own (``repetition_penalty``, ``top_k``, ``min_p``), so ``vllm serve``
-cannot fill in the model's defaults. A control a backend cannot apply is refused (``decoding_controls``
+cannot fill in the model's defaults; with ``decoding_fields: vllm`` a constraint goes in vLLM's own
+terms too (``structured_outputs``: the two-line answer as a regular expression, a choice's options, a
+JSON schema), where a standard server is asked for a JSON schema (``response_format``). A control a backend cannot apply is refused (``decoding_controls``
 lists what each applies): callers ask only for what it has and record the rest.
 
 - ``hf``: transformers (+ an optional PEFT adapter), batched left-padded generation, greedy when
@@ -932,6 +934,15 @@ def usage(response) -> tuple[int | None, int | None]:
     return response.usage.prompt_tokens, response.usage.completion_tokens
 
 
+def vllm_structured(constraint: Constraint) -> dict:
+    """A constraint in vLLM's own terms (its ``structured_outputs``, as the offline backend builds them)."""
+    if constraint.kind == "json":
+        return {"json": constraint.json_schema()}
+    if constraint.kind == "choice":
+        return {"choice": list(constraint.options)}
+    return {"regex": constraint.regex()}
+
+
 class OpenAIBackend:
     TOP_LOGPROBS = 20  # the most the OpenAI API returns per token
 
@@ -1014,6 +1025,29 @@ class OpenAIBackend:
         from openai import BadRequestError
 
         request = self.request(conversation, sampling, index)
+        if constraint is not None and self.structured and self.fields == "vllm":
+            # vLLM's server takes the constraint as it is (structured_outputs: a regular expression for the
+            # two-line answer, the options of a choice, the JSON schema), so an adapter trained on the
+            # two-line format is not forced into JSON
+            request["extra_body"] = {
+                **request["extra_body"],
+                "structured_outputs": vllm_structured(constraint),
+            }
+            try:
+                response = client.chat.completions.create(**request)
+                choice = response.choices[0]
+                return Answer(
+                    choice.message.content or "",
+                    choice.finish_reason == "length",
+                    *usage(response),
+                    constrained=True,
+                )
+            except BadRequestError as err:
+                if "structured_outputs" not in str(err):
+                    raise  # another problem with this request (too long, ...): the task's error
+                self.structured = False  # an older server: parse and retry instead
+                log.warning("the server refused structured_outputs (%s); answers are parsed and retried", err)
+                del request["extra_body"]["structured_outputs"]
         if constraint is not None and self.structured:
             schema = {"name": f"{constraint.kind}_answer", "schema": constraint.json_schema(), "strict": True}
             try:

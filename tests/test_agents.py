@@ -1202,3 +1202,114 @@ def test_the_tuned_agent_gives_the_star_model_expected_stars_raw_so_they_are_cal
     assert given[-1] == [3.7, 3.7, 3.7]  # raw: StarModel.predict maps them, as on validation
     agent.stars.calibration = None  # expected stars with no calibration are never used as they are
     assert agent.stars.calibrated([3.7], [0]) == [None]
+
+
+FAKE_VLLM = r'''#!PYTHON
+"""A stand-in for `vllm serve`: records its arguments and environment, then answers chat requests on
+the port it was given, recording each body (the adapter's two-line answer when asked by regex)."""
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+log = Path(__file__).with_name("calls")
+args = sys.argv[1:]
+import os
+log.joinpath("argv.json").write_text(json.dumps({"argv": args, "key": os.environ.get("VLLM_API_KEY")}))
+port = int(args[args.index("--port") + 1])
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body["authorization"] = self.headers.get("Authorization")
+        log.joinpath("request.json").write_text(json.dumps(body))
+        ok = "structured_outputs" in body and "response_format" not in body
+        text = "stars: 4\nreview: served" if ok else json.dumps({"stars": 1, "review": "forced into JSON"})
+        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                 "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+ThreadingHTTPServer((args[args.index("--host") + 1], port), Handler).serve_forever()
+'''
+
+
+def test_the_adapter_served_by_vllm_serve_gets_the_lora_arguments_and_the_answer_format_as_a_regex(tmp_path):
+    """agents.vllm_serve against a stand-in `vllm` on the PATH: the LoRA flags vLLM does not default to,
+    localhost, the token in the environment only; then the openai backend with decoding_fields: vllm
+    sends the two-line format as a regular expression, not as a JSON schema."""
+    import socket
+    import subprocess
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "bin" / "calls"
+    calls.mkdir(parents=True)
+    fake = bin_dir / "vllm"
+    fake.write_text(FAKE_VLLM.replace("PYTHON", sys.executable))
+    fake.chmod(0o755)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": "Qwen/Qwen2.5-7B-Instruct", "r": 32})
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "USERSIM_VLLM_KEY": "sk-served"}
+    command = [
+        sys.executable,
+        "-m",
+        "agents.vllm_serve",
+        "--adapter",
+        str(adapter),
+        "--name",
+        "mine",
+        "--port",
+        str(port),
+    ]
+    refused = subprocess.run(command, cwd=Path(__file__).parents[1], env={**env, "USERSIM_VLLM_KEY": ""},
+                             capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode != 0 and "USERSIM_VLLM_KEY" in refused.stderr  # no token, no server
+    server = subprocess.Popen(
+        command, cwd=Path(__file__).parents[1], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        launched = json.loads((calls / "argv.json").read_text())
+        argv = launched["argv"]
+        assert argv[:2] == ["serve", "Qwen/Qwen2.5-7B-Instruct"] and launched["key"] == "sk-served"
+        assert argv[argv.index("--host") + 1] == "127.0.0.1" and "--enable-lora" in argv
+        assert argv[argv.index("--max-lora-rank") + 1] == "32"  # vLLM's default 16 would refuse rank 32
+        assert argv[argv.index("--lora-modules") + 1] == f"mine={adapter.resolve()}"
+        assert "sk-served" not in " ".join(argv)  # the token is never on the command line
+        config = LLMConfig(backend="openai", model="mine", base_url=f"http://127.0.0.1:{port}/v1",
+                           api_key_env="USERSIM_VLLM_KEY", decoding_fields="vllm", max_retries=0)  # fmt: skip
+        os.environ["USERSIM_VLLM_KEY"] = "sk-served"
+        try:
+            (answer,) = OpenAIBackend(config).generate(
+                [[{"role": "user", "content": "x"}]], Sampling(16), Constraint.answer(50)
+            )
+        finally:
+            del os.environ["USERSIM_VLLM_KEY"]
+        body = json.loads((calls / "request.json").read_text())
+        assert (
+            body["structured_outputs"] == {"regex": Constraint.answer(50).regex()}
+            and "response_format" not in body
+        )
+        assert body["model"] == "mine" and body["authorization"] == "Bearer sk-served"
+        assert answer.text == "stars: 4\nreview: served" and answer.constrained
+    finally:
+        server.terminate()
+        server.wait(10)
