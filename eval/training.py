@@ -100,7 +100,7 @@ class ReviewTaskMetric:
         self.rows, self.output_dir, self.max_new_tokens = rows, Path(output_dir), max_new_tokens
         card = json.loads((Path(pairs) / "card.json").read_text())
         stores = [ReviewStore.open(d["dir"]) for d in card["data"]]
-        encoder = packaged_minilm("cpu", 64)
+        encoder = packaged_minilm("auto", 64)
         self.scorers = build_scorers("offline", device="cpu")
         retriever = Retriever(encoder)
         self.truth = [parse_completion(r["completion"][0]["content"]) for r in rows]

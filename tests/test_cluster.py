@@ -412,3 +412,18 @@ def test_the_gpu_check_limit_is_48_mib_and_it_runs_the_gpu_tests():
         '--config_file configs/accelerate/fsdp.yaml \\\n        -m train.sft "${COMMON[@]}" --activation_checkpointing true'
         in script
     )
+
+
+def test_qlora_under_zero3_is_refused_before_launch_naming_what_trains_it():
+    from train import batch
+
+    qlora, lora = "configs/sft/qwen2.5-7b_qlora.yaml", "configs/sft/qwen2.5-7b_lora.yaml"
+    zero3, fsdp = "configs/accelerate/deepspeed_zero3.yaml", "configs/accelerate/fsdp.yaml"
+    common = ["--processes", "16", "--accelerate-config"]
+    assert batch.main([*common, zero3, qlora]) == 2
+    assert batch.main([*common, fsdp, qlora]) == 0 and batch.main([*common, zero3, lora]) == 0
+    assert batch.main([*common, zero3, qlora, "--load_in_4bit", "false"]) == 0  # the flag wins
+    assert batch.main([*common, zero3, lora, "--load-in-8bit=true"]) == 2
+    result = sbatch("--dry-run", "--nodes", "2", qlora, env={"ACCELERATE_CONFIG": zero3})
+    assert result.returncode == 2 and "configs/accelerate/fsdp.yaml" in result.stderr
+    assert "would run on every node" not in result.stdout  # nothing launched

@@ -626,3 +626,46 @@ def test_the_task_metric_stops_a_run_that_does_not_improve_and_a_rerun_keeps_it(
         again.state.global_step == 6
         and json.loads((tmp_path / "out" / "training_card.json").read_text()) == card
     )
+
+
+def test_qlora_under_an_accelerate_zero3_launch_is_refused_before_anything_loads(
+    tmp_path, tiny_model, amazon_pairs, monkeypatch
+):
+    """What `accelerate launch` with a ZeRO-3 config puts in each rank's environment; DeepSpeed itself
+    is not installed here, and the refusal comes before the arguments that would need it are parsed."""
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    config = recipe(tmp_path, tiny_model, amazon_pairs, load_in_4bit=True)
+    with pytest.raises(SystemExit, match="Train QLoRA with configs/accelerate/multi_gpu_ddp.yaml"):
+        sft.build_trainer(["--config", str(config)])
+    with pytest.raises(SystemExit, match="ZeRO-3"):
+        sft.build_trainer(
+            ["--config", str(recipe(tmp_path, tiny_model, amazon_pairs)), "--load_in_8bit", "true"]
+        )
+
+
+def test_the_first_process_downloads_and_builds_the_caches_before_the_others(
+    tmp_path, tiny_model, amazon_pairs, monkeypatch
+):
+    """The tokenizer, the datasets and the base model load inside main_process_first (global: shared
+    storage), so the other ranks read what the first one wrote."""
+    import contextlib
+
+    from transformers import TrainingArguments
+
+    inside, events = [], []
+
+    @contextlib.contextmanager
+    def first(self, local=True, desc="work"):
+        inside.append(local)
+        yield
+        inside.pop()
+
+    monkeypatch.setattr(TrainingArguments, "main_process_first", first)
+    for name in ("load_pairs", "load_model"):
+        real = getattr(sft, name)
+        monkeypatch.setattr(
+            sft, name, lambda *a, _real=real, _name=name: events.append((_name, list(inside))) or _real(*a)
+        )
+    sft.build_trainer(["--config", str(recipe(tmp_path, tiny_model, amazon_pairs))])
+    assert events == [("load_pairs", [False]), ("load_model", [False])]

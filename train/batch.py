@@ -2,9 +2,12 @@
 
 ``train.sft`` computes the gradient accumulation from ``global_batch_size`` at start-up; this module lets
 a launcher check the same arithmetic for a given number of processes before it starts anything, with a
-message that says which numbers to change (slurm/train.sbatch runs it at job start and in --dry-run):
+message that says which numbers to change (slurm/train.sbatch runs it at job start and in --dry-run).
+With ``--accelerate-config`` it also refuses a combination that would fail late: QLoRA under DeepSpeed
+ZeRO-3, naming what trains a quantized base instead.
 
-    python -m train.batch --processes 16 configs/sft/qwen2.5-7b_qlora.yaml [train.sft flags ...]
+    python -m train.batch --processes 16 --accelerate-config configs/accelerate/fsdp.yaml \
+        configs/sft/qwen2.5-7b_qlora.yaml [train.sft flags ...]
 
 It needs only PyYAML, so it runs on a login node without the training stack.
 """
@@ -65,12 +68,49 @@ def recipe_batch(recipe: str | Path, flags: list[str]) -> tuple[int, int]:
     return values[0], values[1]
 
 
+QUANTIZED_WITH_ZERO3 = (
+    "QLoRA (a 4- or 8-bit base: load_in_4bit / load_in_8bit) does not train under DeepSpeed ZeRO-3 here "
+    "(transformers refuses the quantized model's device_map under ZeRO-3, after the data is built). "
+    "Train QLoRA with configs/accelerate/multi_gpu_ddp.yaml (each GPU holds the 4-bit base) or "
+    "configs/accelerate/fsdp.yaml (the 4-bit base sharded), or ZeRO-3 with LoRA on the unquantized base "
+    "(load_in_4bit: false, e.g. configs/sft/qwen2.5-7b_lora.yaml)"
+)
+
+
+def recipe_flag(recipe: str | Path | None, flags: list[str], name: str) -> bool:
+    """A boolean setting as train.sft will see it: a flag over the recipe (false when neither says)."""
+    value = flag_value(flags, name)
+    if value is None and recipe is not None:
+        value = (yaml.safe_load(Path(recipe).read_text()) or {}).get(name, False)
+    return str(value).lower() in ("true", "1", "yes")
+
+
+def quantized(recipe: str | Path | None, flags: list[str]) -> bool:
+    return recipe_flag(recipe, flags, "load_in_4bit") or recipe_flag(recipe, flags, "load_in_8bit")
+
+
+def zero_stage(accelerate_config: str | Path) -> int | None:
+    """The DeepSpeed ZeRO stage an accelerate config asks for; None when it is not DeepSpeed."""
+    config = yaml.safe_load(Path(accelerate_config).read_text()) or {}
+    if config.get("distributed_type") != "DEEPSPEED":
+        return None
+    return int((config.get("deepspeed_config") or {}).get("zero_stage", 0))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, required=True, help="all processes: nodes x GPUs")
+    parser.add_argument("--accelerate-config", help="the accelerate config the job launches with")
     parser.add_argument("recipe")
     parser.add_argument("flags", nargs=argparse.REMAINDER, help="train.sft flags that override the recipe")
     args = parser.parse_args(argv)
+    if (
+        args.accelerate_config
+        and zero_stage(args.accelerate_config) == 3
+        and quantized(args.recipe, args.flags)
+    ):
+        print(f"error: {args.recipe} with {args.accelerate_config}: {QUANTIZED_WITH_ZERO3}", file=sys.stderr)
+        return 2
     global_batch, per_device = recipe_batch(args.recipe, args.flags)
     try:
         steps = gradient_accumulation(global_batch, per_device, args.processes)

@@ -87,8 +87,28 @@ class RecipeArguments:
 def parse(argv: list[str] | None = None):
     from trl import ModelConfig, SFTConfig, TrlParser
 
+    refuse_quantized_under_zero3(argv)
     parser = TrlParser((RecipeArguments, SFTConfig, ModelConfig))
     return parser.parse_args_and_config(args=argv)  # unknown YAML keys raise ValueError
+
+
+def refuse_quantized_under_zero3(argv: list[str] | None) -> None:
+    """Under ``accelerate launch`` with a ZeRO-3 config (its environment says so), a quantized base is
+    refused before anything is parsed or loaded, naming what trains it (train.batch has the message;
+    slurm/train.sbatch checks the same before it launches)."""
+    from accelerate.utils import parse_flag_from_env
+
+    from train.batch import QUANTIZED_WITH_ZERO3, quantized
+
+    if (
+        not parse_flag_from_env("ACCELERATE_USE_DEEPSPEED")
+        or os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") != "3"
+    ):
+        return
+    argv = list(sys.argv[1:] if argv is None else argv)
+    recipe = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+    if quantized(recipe, argv):
+        raise SystemExit(f"error: {QUANTIZED_WITH_ZERO3}")
 
 
 def explicit_keys(argv: list[str] | None) -> set[str]:
@@ -799,15 +819,18 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     set_seed(training_args.seed)
 
     # -- data ------------------------------------------------------------------------------------------
-    base = resolve_model(model_args.model_name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(
-        base, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
-    )
-    data = load_pairs(recipe, tokenizer)
+    # the first process of all downloads and builds the caches on shared storage; the others wait, then read
+    with training_args.main_process_first(local=False, desc="the tokenizer and the datasets' cache"):
+        base = resolve_model(model_args.model_name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(
+            base, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+        )
+        data = load_pairs(recipe, tokenizer)
     check_supervision(data["train"], tokenizer, training_args.max_length)
 
     # -- model -----------------------------------------------------------------------------------------
-    model = load_model(base, model_args, training_args)
+    with training_args.main_process_first(local=False, desc="the base model's weights"):
+        model = load_model(base, model_args, training_args)
     reentrant_checkpointing_for_zero3(training_args, model_args)
     sampler = SampleGenerations(
         tokenizer,

@@ -265,7 +265,7 @@ def embedding_model():
 
     from agents.encoders import packaged_minilm
 
-    encoder = packaged_minilm("cpu", 64)
+    encoder = packaged_minilm("auto", 64)
 
     class MiniLMEmbeddings(Embeddings):
         def embed_documents(self, texts: list[str]) -> list[list[float]]:

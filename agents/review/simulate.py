@@ -370,7 +370,7 @@ def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dic
     if agent_config.retrieval == "embedding":
         from agents.encoders import packaged_minilm
 
-        encoder = packaged_minilm("cpu", 64)
+        encoder = packaged_minilm("auto", 64)  # the GPU when there is one
     if agent_config.agent:  # an AgentSociety agent named by import path
         agent = official.OfficialAgentRunner(agent_config, llm_config, store, out, encoder)
     else:

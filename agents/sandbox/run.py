@@ -169,7 +169,7 @@ def build(config, out: Path, backend=None, embed=None, human=None, fresh: bool =
         from agents.encoders import packaged_minilm
         from agents.retrieval import Retriever
 
-        embed = Retriever(packaged_minilm("cpu", 64)).embed
+        embed = Retriever(packaged_minilm("auto", 64)).embed
     print(decisions(config))
     if fresh:
         aligned = sum(p.user is not None for p in profiles)
