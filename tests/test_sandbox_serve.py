@@ -178,8 +178,46 @@ def test_a_token_guards_the_api(served):
     from agents.sandbox.serve import main
 
     os.environ.pop("SANDBOX_TOKEN", None)
-    with pytest.raises(SystemExit, match="SANDBOX_TOKEN"):
-        main(["--run", str(out), "--read-only", "--host", "0.0.0.0"])
+    with pytest.raises(SystemExit, match="--no-token is for a page on this machine alone"):
+        main(["--run", str(out), "--read-only", "--host", "0.0.0.0", "--no-token"])
+
+
+def test_the_page_asks_for_a_token_on_every_host_and_checks_the_host_header(served, monkeypatch, capsys):
+    """main as a user runs it (uvicorn stubbed): 127.0.0.1 gets a made token, shown once; a request that
+    names another host is refused even with the token; --no-token opens a local page."""
+    import uvicorn
+
+    from agents.sandbox.serve import main
+
+    client, runner, out = served
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append((app, kw)))
+    monkeypatch.delenv("SANDBOX_TOKEN", raising=False)
+    main(["--run", str(out), "--read-only"])
+    address = capsys.readouterr().out.strip().split()[-1]
+    assert address.startswith("http://127.0.0.1:8000/#token=") and apps[-1][1]["host"] == "127.0.0.1"
+    token = address.split("#token=")[1]
+    page = TestClient(apps[-1][0], base_url="http://127.0.0.1:8000")
+    assert page.get("/api/status").status_code == 401  # a local page needs the token too
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert page.get("/api/status", headers=bearer).status_code == 200
+    rebound = TestClient(apps[-1][0], base_url="http://attacker.example:8000")
+    assert rebound.get("/api/status", headers=bearer).status_code == 400  # another name: refused
+    assert (
+        TestClient(apps[-1][0], base_url="http://localhost:8000")
+        .get("/api/status", headers=bearer)
+        .status_code
+        == 200
+    )
+    main(["--run", str(out), "--read-only", "--no-token"])
+    assert TestClient(apps[-1][0], base_url="http://127.0.0.1:8000").get("/api/status").status_code == 200
+    monkeypatch.setenv("SANDBOX_TOKEN", "from-the-environment")
+    main(["--run", str(out), "--read-only", "--host", "0.0.0.0", "--allowed-host", "node7.cluster"])
+    assert "from-the-environment" not in capsys.readouterr().out  # named, never printed
+    wide = TestClient(apps[-1][0], base_url="http://node7.cluster:8000")
+    assert (
+        wide.get("/api/status", headers={"Authorization": "Bearer from-the-environment"}).status_code == 200
+    )
 
 
 def browser():

@@ -17,9 +17,12 @@ each change is logged in interventions.jsonl and written to the checkpoint); tak
 decisions wait for the person on the page). ``--read-only`` opens a run without the lock and without
 a model, from its files, and follows a run the CLI is writing.
 
-Safety: bound to 127.0.0.1 unless ``--host`` says otherwise; a non-local host needs a token from the
-environment variable ``SANDBOX_TOKEN`` (every API call then carries it; it is never logged, and
-uvicorn's access log is off). Input is validated (unknown agent: 404; a bad field or value, or text
+Safety: bound to 127.0.0.1 unless ``--host`` says otherwise. Every API call carries a token, on every
+host (other users of a shared login node reach its 127.0.0.1 too): ``SANDBOX_TOKEN`` from the
+environment, or one made at start and printed once in the page's address; it is never logged, and
+uvicorn's access log is off. ``--no-token`` turns it off for a single-user laptop (refused with a
+non-local host). The Host header must name this server (the local names, the bound address, a wildcard
+address's machine names, ``--allowed-host``): a page elsewhere cannot rebind its own name to this port. Input is validated (unknown agent: 404; a bad field or value, or text
 over 1,000 characters: 4xx, nothing changed); the page shows text as text, never as HTML.
 """
 
@@ -195,9 +198,44 @@ class Answer(BaseModel):
     answer: str = Field(max_length=MAX_TEXT)
 
 
-def create_app(out: Path, runner: Runner | None, token: str | None = None) -> FastAPI:
-    """The app for a run folder; ``runner`` None is read-only (everything from the files)."""
+def host_name(header: str) -> str:
+    """The name in a Host header, without its port (``[::1]:8000`` -> ``[::1]``)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header.split("]")[0] + "]"
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def allowed_hosts(host: str, extra: list[str] = ()) -> set[str]:
+    """The names a page bound to ``host`` may be reached by: the local names, the bound address (for a
+    wildcard, this machine's names) and any given. Another Host header is refused (DNS rebinding: a web
+    page elsewhere that points its own name at this address)."""
+    import socket
+
+    names = {"127.0.0.1", "localhost", "[::1]", *(n.lower() for n in extra)}
+    if host in ("0.0.0.0", "::"):
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+    elif host not in LOCAL_HOSTS:
+        names.add(f"[{host}]" if ":" in host else host.lower())
+    return names
+
+
+def create_app(
+    out: Path, runner: Runner | None, token: str | None = None, hosts: set[str] | None = None
+) -> FastAPI:
+    """The app for a run folder; ``runner`` None is read-only (everything from the files). ``token``: every
+    API call must carry it; ``hosts``: the Host names requests may name (None: not checked)."""
     app = FastAPI(title="usersim sandbox", docs_url=None, redoc_url=None)
+
+    if hosts is not None:
+
+        @app.middleware("http")
+        async def check_host(request: Request, call_next):
+            if host_name(request.headers.get("host", "")) not in hosts:
+                from fastapi.responses import PlainTextResponse
+
+                return PlainTextResponse("this page is not served under that host name", status_code=400)
+            return await call_next(request)
 
     def authorised(request: Request) -> None:
         if token is None:
@@ -400,7 +438,7 @@ def serve_app(args, backend=None, embed=None) -> tuple[FastAPI, Runner | None, L
     if args.read_only:
         if not out.exists():
             raise SystemExit(f"error: {out} does not exist")
-        return create_app(out, None, args.token), None, None
+        return create_app(out, None, args.token, getattr(args, "hosts", None)), None, None
     if not args.config and not (out / "config.json").exists():
         raise SystemExit("error: --config is needed to start a new run")
     args.config = args.config or str(out / "config.json")
@@ -410,7 +448,7 @@ def serve_app(args, backend=None, embed=None) -> tuple[FastAPI, Runner | None, L
     human = WebHuman()
     world = open_world(config, out, args.overwrite, backend, embed, human)
     runner = Runner(out, config, world, human)
-    return create_app(out, runner, args.token), runner, lock
+    return create_app(out, runner, args.token, getattr(args, "hosts", None)), runner, lock
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -431,17 +469,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overwrite", action="store_true")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--no-token",
+        action="store_true",
+        help="no token: a single-user laptop (refused with a non-local --host)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        help="another name the page is reached by (Host is checked)",
+    )
     args = parser.parse_args(argv)
-    args.token = None
-    if args.host not in LOCAL_HOSTS:
+    args.hosts = allowed_hosts(args.host, args.allowed_host)
+    made = False
+    if args.no_token:
+        if args.host not in LOCAL_HOSTS:
+            raise SystemExit(f"error: --no-token is for a page on this machine alone, not --host {args.host}")
+        args.token = None
+    else:  # other users of a shared machine reach 127.0.0.1 too: a token always, unless --no-token
         args.token = os.environ.get("SANDBOX_TOKEN")
         if not args.token:
-            raise SystemExit(f"error: --host {args.host} is not local: set a token in SANDBOX_TOKEN")
+            args.token, made = secrets.token_urlsafe(24), True
     app, _, _ = serve_app(args)
-    print(
-        f"the sandbox page: http://{args.host}:{args.port}/"
-        + ("#token=(SANDBOX_TOKEN)" if args.token else "")
-    )
+    shown = args.token if made else "(SANDBOX_TOKEN)"  # a made token is shown once, here; never logged
+    print(f"the sandbox page: http://{args.host}:{args.port}/" + (f"#token={shown}" if args.token else ""))
     uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")
 
 
