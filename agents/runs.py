@@ -4,15 +4,14 @@ half a file). Fingerprints (refusing a resume from other inputs) are data_prep.f
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from data_prep.io import write_atomic
 
 
 def write_json(path: Path, value) -> None:
-    """Atomically: a kill never leaves half a checkpoint."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value))
-    os.replace(tmp, path)
+    """Atomically and durably (data_prep.io.write_atomic): a kill never leaves half a checkpoint."""
+    write_atomic(path, json.dumps(value))
 
 
 def drop_cut_line(path: Path) -> bytes:

@@ -41,6 +41,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data_prep import fingerprint, movielens
+from data_prep.io import write_atomic
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
 from data_prep.prompt import (
     RATE_INSTRUCTION,
@@ -274,8 +275,7 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
         ].append(example)
     args.out.mkdir(parents=True, exist_ok=True)
     for split, rows in splits.items():
-        with open(args.out / f"{split}.jsonl", "w") as handle:
-            handle.writelines(json.dumps(row) + "\n" for row in rows)
+        write_atomic(args.out / f"{split}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
     card = {
         "task": "sandbox_choice",
         "examples": {split: len(rows) for split, rows in splits.items()},
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
         ),
         "provenance": provenance(["transformers", "sentence-transformers"]),
     }
-    (args.out / "card.json").write_text(json.dumps(card, indent=2))
+    write_atomic(args.out / "card.json", json.dumps(card, indent=2))
     (args.out / "README.md").write_text(
         "# Sandbox choice pairs\n\n"
         + "\n".join(f"- **{k}**: `{json.dumps(v)}`" for k, v in card.items())

@@ -45,6 +45,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data_prep import recllmsim
+from data_prep.io import write_atomic
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
 from data_prep.prompt import (
     ACTION_TEXT,
@@ -220,8 +221,9 @@ def main(argv: list[str] | None = None) -> dict:
         splits[split].append(example)
     args.out.mkdir(parents=True, exist_ok=True)
     for split, rows in splits.items():
-        with open(args.out / f"{split}.jsonl", "w") as handle:
-            handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        write_atomic(
+            args.out / f"{split}.jsonl", "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        )
     prompt_tokens = [count_tokens(tokenizer, e["prompt"]) for e in examples]
     full = [count_tokens(tokenizer, e["prompt"], e["completion"][0]["content"]) for e in examples]
     card = {
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
         "data": str(args.data),
         "provenance": provenance(["transformers"]),
     }
-    (args.out / "card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False))
+    write_atomic(args.out / "card.json", json.dumps(card, indent=2, ensure_ascii=False))
     (args.out / "README.md").write_text(
         "# Conversational simulator training pairs\n\n"
         + "\n".join(f"- **{k}**: `{json.dumps(v, ensure_ascii=False)}`" for k, v in card.items())

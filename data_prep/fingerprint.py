@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 
+from data_prep.io import write_atomic
 from data_prep.provenance import git_commit
 
 FILE = "fingerprint.json"
@@ -112,9 +112,7 @@ def verdict(folder: Path, inputs: dict, *, overwrite: bool, has_work: bool) -> b
 def record(folder: Path, inputs: dict) -> None:
     """Write the fingerprint (atomically: a reader never sees half a file)."""
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (FILE + ".tmp")
-    tmp.write_text(json.dumps({"inputs": normalise(inputs), "code": git_commit()}, indent=2))
-    os.replace(tmp, folder / FILE)
+    write_atomic(folder / FILE, json.dumps({"inputs": normalise(inputs), "code": git_commit()}, indent=2))
 
 
 def digest(inputs: dict) -> str:

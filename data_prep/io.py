@@ -51,3 +51,23 @@ class LineReader:
 def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Write a whole file so that a kill or a power cut never leaves half of it: into a temporary file
+    beside it, flushed and fsynced, then renamed over the target, and the folder fsynced so the rename
+    itself is on disk. A reader sees the old file or the new one."""
+    import os
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from data_prep.io import write_atomic
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
 from data_prep.prompt import fit_messages, format_completion, render_prompt
 from data_prep.provenance import provenance
@@ -270,8 +271,9 @@ def main(argv: list[str] | None = None) -> dict:
         args.out / "dataset"
     )
     for name, rows in splits.items():
-        with open(args.out / f"{name}.jsonl", "w") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        write_atomic(
+            args.out / f"{name}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        )
     card = {
         "examples": {name: len(rows) for name, rows in splits.items()},
         "users": {name: len({r["user_id"] for r in rows}) for name, rows in splits.items()},
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
         "than the target; with a temporal task folder (or --before), only targets older than its cutoff",
         "provenance": provenance(["datasets", "transformers"]),
     }
-    (args.out / "card.json").write_text(json.dumps(card, indent=2))
+    write_atomic(args.out / "card.json", json.dumps(card, indent=2))
     (args.out / "README.md").write_text(
         "# Training pairs\n\n" + "\n".join(f"- **{k}**: `{json.dumps(v)}`" for k, v in card.items()) + "\n"
     )

@@ -66,3 +66,31 @@ def test_fetch_sample_fails_clearly_without_the_hub(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(SystemExit, match="could not fetch Amazon Reviews 2023 Magazine_Subscriptions"):
         fetch("Magazine_Subscriptions", 10, tmp_path)
+
+
+def test_a_whole_file_write_is_all_or_nothing_and_reaches_the_disk(tmp_path, monkeypatch):
+    """data_prep.io.write_atomic (pairs, cards, fingerprints, checkpoints): a write killed before its
+    rename leaves the old file whole; the new bytes and the rename are fsynced."""
+    import os
+
+    from data_prep import io as dio
+
+    target = tmp_path / "train.jsonl"
+    dio.write_atomic(target, "old\n")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        dio.write_atomic(target, "new\n" * 1000)
+    assert target.read_text() == "old\n" and len(synced) == 1  # the data was synced, never renamed in
+    monkeypatch.undo()
+    synced.clear()
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    dio.write_atomic(target, b"new\n")
+    assert target.read_bytes() == b"new\n" and len(synced) == 2  # the file, then its folder
+    assert not list(tmp_path.glob("*.tmp"))

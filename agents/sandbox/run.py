@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import re
 import shutil
 import signal
@@ -61,6 +60,7 @@ from agents.sandbox.profiles import (
 from agents.sandbox.social import generate_graph, load_edges
 from agents.sandbox.world import World
 from data_prep import fingerprint, movielens
+from data_prep.io import write_atomic
 from data_prep.movielens import day, parse_moment
 from data_prep.provenance import provenance
 
@@ -80,9 +80,7 @@ def keep_checkpoint(out: Path, state: dict) -> None:
     """The state after this round, kept (gzip JSON, atomically) for ``fork``."""
     path = round_checkpoint(out, state["round"])
     path.parent.mkdir(exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(gzip.compress(json.dumps(state).encode(), mtime=0))
-    os.replace(tmp, path)
+    write_atomic(path, gzip.compress(json.dumps(state).encode(), mtime=0))
 
 
 def keep_rounds(path: Path, last: int) -> None:
