@@ -213,3 +213,68 @@ def test_an_export_trains_cornac_and_reads_back_as_recbole_atomic_files(raw, tmp
     assert len(body) == len(rows) and all(len(line.split("\t")) == 6 for line in body)
     items = {line.split("\t")[0] for line in lines(tmp_path / "atomic" / "sim" / "sim.item")[1:]}
     assert items == {r["item_id"] for r in rows}
+
+
+def recbole_read(path):
+    """An atomic file read as RecBole 1.2's Dataset._load_feat reads it: the header's field:type names,
+    pandas' CSV reader with a tab delimiter and the python engine (default quoting), floats as float64
+    and the rest as text."""
+    import numpy as np
+    import pandas as pd
+
+    fields = path.read_text(encoding="utf-8").split("\n", 1)[0].split("\t")
+    dtype = {f: np.float64 if f.endswith(":float") else str for f in fields}
+    frame = pd.read_csv(path, delimiter="\t", usecols=fields, dtype=dtype, encoding="utf-8", engine="python")
+    frame.columns = [f.split(":")[0] for f in fields]
+    return frame
+
+
+def test_recbole_files_quote_what_recboles_reader_would_misread(tmp_path):
+    """A MovieLens title that starts with a double quote (there are such in ml-latest-small), one with a
+    quote inside and one with a tab: each reads back as written, and every row keeps its columns."""
+    from types import SimpleNamespace
+
+    from agents.sandbox.export import write_recbole
+
+    titles = {1: '"Great Performances" Cats (1998)', 2: 'The "Best" Film (2001)', 3: "Tab\tin title (1990)"}
+    movies = {i: SimpleNamespace(title=t, genres=["Comedy", "Film-Noir"]) for i, t in titles.items()}
+    rows = [{"user_id": 5, "item_id": i, "rating": 4.0 if i != 2 else None, "timestamp": 86400 * i, "round": i,
+             "action": "watch" if i != 2 else "browse"} for i in titles]  # fmt: skip
+    out = tmp_path / "sim"
+    out.mkdir()
+    inter = write_recbole(out, rows, movies)
+    items = recbole_read(out / "sim.item")
+    assert items["title"].tolist() == [
+        '"Great Performances" Cats (1998)',
+        'The "Best" Film (2001)',
+        "Tab in title (1990)",
+    ]
+    assert (
+        items["item_id"].tolist() == ["1", "2", "3"] and items["genres"].tolist() == ["Comedy Film-Noir"] * 3
+    )
+    events = recbole_read(inter)
+    assert events["action"].tolist() == ["watch", "browse", "watch"] and events["rating"].isna().tolist() == [
+        False,
+        True,
+        False,
+    ]
+    assert (
+        (tmp_path / "sim" / "sim.item").read_text().splitlines()[1].startswith('1\t"""Great Performances""')
+    )
+
+
+def test_a_cornac_model_whose_framework_is_missing_is_refused_by_name():
+    import importlib.util
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from agents.sandbox.recsys import CornacRecommender
+
+    rng = np.random.default_rng(0)
+    assert importlib.util.find_spec("tensorflow") is None  # this environment, as shipped
+    for model, params in (("WMF", {}), ("NeuMF", {}), ("CDL", {})):
+        with pytest.raises(ValueError, match="needs tensorflow, which is not installed"):
+            CornacRecommender([1, 2], rng, SimpleNamespace(options={"model": model, "params": params}))
+    for model, params in (("BPR", {}), ("NeuMF", {"backend": "pytorch"}), ("VAECF", {})):  # torch is here
+        CornacRecommender([1, 2], rng, SimpleNamespace(options={"model": model, "params": params}))

@@ -70,6 +70,38 @@ def interactions(run: Path, impressions: bool = False) -> list[dict]:
 COLUMNS = ("user_id", "item_id", "rating", "timestamp", "round", "action", "agent")
 
 
+def write_recbole(out: Path, rows: list[dict], movies: dict) -> Path:
+    """RecBole's atomic files ``<name>.inter`` and ``<name>.item`` in ``out`` (named after it). RecBole
+    reads them with pandas' CSV reader (tab-separated, ``"`` as the quote character), so a field that
+    holds a quote is quoted and its quotes doubled (a title such as ``"Great Performances" Cats (1998)``
+    would otherwise open a quoted field and swallow the columns after it)."""
+    name = out.name
+    path = out / f"{name}.inter"
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+        writer.writerow(
+            [
+                "user_id:token",
+                "item_id:token",
+                "rating:float",
+                "timestamp:float",
+                "round:float",
+                "action:token",
+            ]
+        )
+        for r in rows:
+            rating = "" if r["rating"] is None else r["rating"]
+            writer.writerow([r["user_id"], r["item_id"], rating, r["timestamp"], r["round"], r["action"]])
+    with open(out / f"{name}.item", "w", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+        writer.writerow(["item_id:token", "title:token_seq", "genres:token_seq"])
+        for item in sorted({r["item_id"] for r in rows}):
+            movie = movies[item]
+            title = " ".join(movie.title.split())  # tabs and line breaks become spaces
+            writer.writerow([item, title, " ".join(g.replace(" ", "_") for g in movie.genres)])
+    return path
+
+
 def export(run: Path, fmt: str, out: Path | None = None, impressions: bool = False) -> Path:
     rows = interactions(run, impressions)
     out = out or run / "export" / fmt
@@ -81,25 +113,8 @@ def export(run: Path, fmt: str, out: Path | None = None, impressions: bool = Fal
             writer.writeheader()
             writer.writerows({**r, "rating": "" if r["rating"] is None else r["rating"]} for r in rows)
     elif fmt == "recbole":
-        name = out.name
-        path = out / f"{name}.inter"
-        with open(path, "w") as handle:
-            handle.write(
-                "user_id:token\titem_id:token\trating:float\ttimestamp:float\tround:float\taction:token\n"
-            )
-            for r in rows:
-                rating = "" if r["rating"] is None else r["rating"]
-                handle.write(
-                    f"{r['user_id']}\t{r['item_id']}\t{rating}\t{r['timestamp']}\t{r['round']}\t{r['action']}\n"
-                )
         config = json.loads((run / "config.json").read_text())
-        movies = movielens.load(config["data"]).movies
-        with open(out / f"{name}.item", "w") as handle:
-            handle.write("item_id:token\ttitle:token_seq\tgenres:token_seq\n")
-            for item in sorted({r["item_id"] for r in rows}):
-                movie = movies[item]
-                title = " ".join(movie.title.replace("\t", " ").split())
-                handle.write(f"{item}\t{title}\t{' '.join(g.replace(' ', '_') for g in movie.genres)}\n")
+        path = write_recbole(out, rows, movielens.load(config["data"]).movies)
     else:
         raise SystemExit(f"error: --format is recbole or csv, not {fmt!r}")
     watches = sum(r["action"] == "watch" for r in rows)

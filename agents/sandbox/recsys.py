@@ -10,7 +10,8 @@ its keyword arguments; the seed comes from the run's generator (or the checkpoin
 the models that take one. Cornac
 fits on the (user, movie) clicks as implicit feedback (every click a 1). A movie nobody has clicked is
 not in Cornac's data: it ranks after every scored one, by id. A user Cornac has not seen (an agent with
-no click yet) gets the most clicked movies.
+no click yet) gets the most clicked movies. A model that needs a framework not installed here (WMF and
+CDL need TensorFlow; NeuMF too unless ``backend: pytorch``) is refused when the run starts, naming it.
 
 Why Cornac: RecBole (what RecAgent used) 1.2.1, its latest release, sets ``np.float = np.float_`` when
 a config is made, which NumPy 2 removed, and imports ray for its quick start; Cornac 3 installs and runs
@@ -20,8 +21,33 @@ with the project's NumPy and torch.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
+
+# the deep-learning frameworks Cornac models use; a model's folder lists what it needs in requirements.txt
+FRAMEWORKS = {"tensorflow": "tensorflow", "torch": "torch", "pytorch": "torch", "dgl": "dgl"}
+
+
+def missing_framework(model_class, params: dict) -> str | None:
+    """The framework a Cornac model needs that is not installed, or None. A model with a ``backend``
+    parameter (the NCF family: tensorflow or pytorch) needs the backend it is given (or its default);
+    another needs every framework its folder's requirements.txt lists."""
+    import importlib.util
+    import inspect
+    import re
+    import sys
+
+    signature = inspect.signature(model_class.__init__).parameters
+    if "backend" in signature:
+        chosen = str(params.get("backend", signature["backend"].default)).lower()
+        needed = [FRAMEWORKS[chosen]] if chosen in FRAMEWORKS else []
+    else:
+        module = sys.modules[model_class.__module__]  # a Cython model (BPR) has a module file, not a source
+        listed = Path(module.__file__).with_name("requirements.txt")
+        names = re.findall(r"^\s*([A-Za-z0-9_.-]+)", listed.read_text(), re.M) if listed.exists() else []
+        needed = [FRAMEWORKS[n.lower()] for n in names if n.lower() in FRAMEWORKS]
+    return next((n for n in needed if importlib.util.find_spec(n) is None), None)
 
 
 class CornacRecommender:
@@ -36,6 +62,12 @@ class CornacRecommender:
         self.model_class = getattr(cornac.models, name, None)
         if self.model_class is None:
             raise ValueError(f"cornac.models has no model {name!r}")
+        missing = missing_framework(self.model_class, self.params)
+        if missing:  # refused now: a fit that fails later would fall back to popularity, unseen
+            raise ValueError(
+                f"cornac {name} needs {missing}, which is not installed here (pip install {missing}), or "
+                "choose a model without it (BPR, MF, MostPop, VAECF, or NeuMF with params: {backend: pytorch})"
+            )
         self.name, self.items, self.rng = name, sorted(items), rng
         self.model, self.data, self.seed, self.popular = None, None, None, list(self.items)
 
