@@ -11,7 +11,7 @@ import websocietysimulator.agent
 
 from agents.llm import Answer
 from agents.review import official, simulate
-from agents.review.official import Batcher
+from agents.review.official import FAILURES, Batcher
 from data_prep.tasks import read_targets, read_tasks
 
 HERE = Path(__file__).parent
@@ -504,3 +504,71 @@ def test_importing_the_official_package_does_not_reach_for_the_network():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=HERE.parent
     )
     assert done.returncode == 0 and done.stdout.strip() == "1.0.0a30", done.stderr[-2000:]
+
+
+def test_an_agent_on_the_official_modules_runs_on_an_openai_compatible_server(
+    yelp_store, tasks, tmp_path, monkeypatch
+):
+    """The same agent file through the real openai backend, against a stand-in server on loopback that
+    answers as ModulesLLM does; the key travels from the environment."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Served(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(self.headers.get("Authorization"))
+            (answer,) = ModulesLLM().generate([body["messages"]], None)
+            reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": answer.text}}]}  # fmt: skip
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Served)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("MODULES_KEY", "sk-modules")
+    monkeypatch.chdir(tmp_path)
+    try:
+        base = f"http://127.0.0.1:{server.server_port}/v1"
+        flags = [
+            "--limit",
+            "3",
+            "--backend",
+            "openai",
+            "--base_url",
+            base,
+            "--model",
+            "served",
+            "--api_key_env",
+            "MODULES_KEY",
+        ]
+        run(MODULES, "WithMemoryDILU", yelp_store, tasks, tmp_path / "run", *flags)
+    finally:
+        server.shutdown()
+    assert {r["source"] for r in rows(tmp_path / "run")} == {"agent"} and len(rows(tmp_path / "run")) == 3
+    assert seen and set(seen) == {"Bearer sk-modules"}
+
+
+@pytest.mark.slow
+def test_an_agent_on_the_official_modules_runs_on_the_offline_default_model(
+    yelp_store, tasks, tmp_path, monkeypatch
+):
+    """The real SmolLM2-135M (the offline default): the run finishes; every task is the agent's answer or
+    a counted fallback with its reason (the small model may not write the agent's format)."""
+    monkeypatch.chdir(tmp_path)
+    summary = run(MODULES, "WithMemoryDILU", yelp_store, tasks, tmp_path / "run", "--limit", "2")
+    predicted = rows(tmp_path / "run")
+    assert len(predicted) == 2 and summary["errors"] == 0
+    failures = [json.loads(line) for line in (tmp_path / "run" / FAILURES).read_text().splitlines()] if (
+        tmp_path / "run" / FAILURES).exists() else []  # fmt: skip
+    assert sum(r["source"] == "fallback" for r in predicted) == len(failures)
+    assert all(f["reason"] in ("agent_raised", "agent_malformed", "agent_timeout") for f in failures)
