@@ -265,6 +265,20 @@ def paired_table(names: list[str], folders: list[Path]) -> str:
     return "\n".join(rows)
 
 
+def narrow(paths: list[Path], names: list[str]) -> str:
+    """The comparison in a few columns, for a terminal: the metric's three numbers and the two fidelity
+    figures that tell a written review from a copy (compare.md has the rest)."""
+    rows = ["| run | PE | RG | overall | copied | distinct-2 (real) |", "|---|---|---|---|---|---|"]
+    for name, path in zip(names, paths, strict=True):
+        r = json.loads(Path(path).read_text())
+        f = r.get("fidelity")
+        fid = f"{f['copied_share']:.0%} | {f['distinct_2']:.3f} ({f['real_distinct_2']:.3f})" if f else "– | –"
+        rows.append(
+            f"| {name} | {r['preference_estimation']:.4f} | {r['review_generation']:.4f} | {r['overall']:.4f} | {fid} |"
+        )
+    return "\n".join(rows)
+
+
 def compare(
     paths: list[Path], names: list[str] | None, out: Path, paired: bool = True, heading: str | None = None
 ) -> str:

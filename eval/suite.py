@@ -285,13 +285,16 @@ def run_suite(
         runs[name] = run
     print("\n--- comparison (shared evaluator)")
     heading = tasks_line(tasks)
-    table = review.compare(list(scored.values()), list(scored), out, paired=False, heading=heading)
-    print(f"{heading}\n\n{table}")
+    review.compare(list(scored.values()), list(scored), out, paired=False, heading=heading)
+    print(f"{heading}\n\n{review.narrow(list(scored.values()), list(scored))}")
     agents = agents_table(runs)
     (out / "agents.md").write_text(f"{heading}\n\n{agents}\n")
     claims = claims_table(out / "eval", list(scored), tuple(plugin_name(t) for t in plugins))
     (out / "claims.md").write_text(f"{heading}\n\n{claims}\n")
-    print(f"\n{agents}\n\n{claims}\n-> {out}/compare.md, compare.png, agents.md, claims.md")
+    print(
+        f"\nthe wide tables: {out}/compare.md (every metric part and fidelity column), agents.md (speed, "
+        "failures, where answers came from), claims.md (paired differences), compare.png"
+    )
     tracking.log_run(
         wandb,
         where,

@@ -348,3 +348,16 @@ def test_tasks_whose_item_had_no_older_review_are_counted_and_scored_apart(
         [tmp_path / "eval" / "results.json"], ["previous-review"], tmp_path / "cmp", paired=False
     )
     assert f"| {sum(new) / 30:.0%} |" in table and "| new items |" in table
+
+
+def test_the_narrow_table_shows_each_runs_metric_and_fidelity_from_its_results(tmp_path):
+    """What a terminal shows (make demo, eval.suite): one row per run, the numbers read from its results."""
+    from eval.review import narrow
+
+    result = {"preference_estimation": 0.91234, "review_generation": 0.7, "overall": 0.80617,
+              "fidelity": {"copied_share": 0.2, "distinct_2": 0.5844, "real_distinct_2": 0.877}}  # fmt: skip
+    (tmp_path / "a.json").write_text(json.dumps(result))
+    (tmp_path / "b.json").write_text(json.dumps({**result, "fidelity": None, "overall": 0.5}))
+    lines = narrow([tmp_path / "a.json", tmp_path / "b.json"], ["tuned", "old"]).splitlines()
+    assert lines[2] == "| tuned | 0.9123 | 0.7000 | 0.8062 | 20% | 0.584 (0.877) |"
+    assert lines[3] == "| old | 0.9123 | 0.7000 | 0.5000 | – | – |" and len(lines) == 4
