@@ -405,13 +405,28 @@ def test_the_gpu_checks_bitsandbytes_wheel_keeps_only_the_machines_cuda_library(
         slim_wheel(wheel, "cuda999")
 
 
-def test_the_gpu_check_limit_is_48_mib_and_it_runs_the_gpu_tests():
-    script = (REPO_ROOT / "bench" / "gpu_check.sh").read_text()
-    assert "LIMIT_MIB=48" in script and "-m pytest -q -m gpu" in script
-    assert (
-        '--config_file configs/accelerate/fsdp.yaml \\\n        -m train.sft "${COMMON[@]}" --activation_checkpointing true'
-        in script
+def test_the_gpu_check_refuses_without_its_prepared_folders_and_runs_every_gpu_test(tmp_path):
+    """bench/gpu_check.sh stops with what to do when --prepare has not run, and a wrong option is a usage
+    error; the GPU tests it runs (pytest -m gpu tests/test_gpu.py) are every test of that file."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "gpu_check.sh").write_text((REPO_ROOT / "bench" / "gpu_check.sh").read_text())
+    bare = subprocess.run(
+        ["bash", "bench/gpu_check.sh", "--cpu"], cwd=tmp_path, capture_output=True, text=True
     )
+    assert bare.returncode == 2 and "run bash bench/gpu_check.sh --prepare first" in bare.stderr
+    wrong = subprocess.run(
+        ["bash", "bench/gpu_check.sh", "--gpu"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert wrong.returncode == 2 and "usage:" in wrong.stderr
+
+    def collected(*marker: str) -> int:
+        listing = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *marker, "tests/test_gpu.py"],
+            cwd=REPO_ROOT, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        return sum(1 for line in listing.splitlines() if "::" in line)
+
+    assert collected("-m", "gpu") == collected() >= 2
 
 
 def test_qlora_under_zero3_is_refused_before_launch_naming_what_trains_it():

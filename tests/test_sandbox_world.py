@@ -11,7 +11,7 @@ from sandbox_fakes import Scripted, embed
 
 from agents.sandbox.config import load_config
 from agents.sandbox.profiles import movielens_profiles
-from agents.sandbox.world import PLACES, World
+from agents.sandbox.world import World
 from data_prep import movielens
 
 
@@ -109,7 +109,11 @@ def test_the_seed_decides_the_run_and_interviews_answer(ml):
     assert [p for p in other.agents] != [p for p in one.agents]
     name = next(iter(one.agents))
     assert one.interview(name, "What did you watch?") == f"{name} answers"
-    assert PLACES == ["recommender", "social", "nothing"]
+    # the place an agent chooses decides what it does: in "nothing" it neither browses, watches nor posts
+    idle = world(ml, Scripted(dict.fromkeys(one.agents, "nothing")))
+    events, stats = idle.step()
+    assert not [e for e in events if e["action"] in ("browse", "watch", "post", "chat", "search")]
+    assert stats["watches"] == 0 and [e["action"] for e in one.step()[0]].count("watch") > 0
 
 
 def test_search_ranks_the_catalogue_and_skips_what_the_agent_has_seen(ml):

@@ -71,7 +71,12 @@ def verdict(driver: str | None, cuda: str | None, torch_version: str) -> tuple[b
     return True, f"NVIDIA driver {driver} runs torch {torch_version} (CUDA {cuda})"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m train.cuda_env", description=__doc__.splitlines()[0]).parse_args(
+        argv
+    )
     import torch
 
     fits, message = verdict(driver_version(), torch.version.cuda, torch.__version__)
