@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from data_prep.io import write_atomic
+from data_prep.io import read_jsonl, valid_lines, write_atomic  # noqa: F401 (read here by the runners)
 
 
 def write_json(path: Path, value) -> None:
@@ -26,19 +26,6 @@ def drop_cut_line(path: Path) -> bytes:
     return data
 
 
-def valid_lines(path: Path) -> list[tuple[str, dict]]:
-    """A JSON-lines file's whole lines and their values; a line cut by a kill (or still being
-    written) is not one."""
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append((line, json.loads(line)))
-            except json.JSONDecodeError:
-                continue
-    return out
-
-
 def json_lines(path: Path):
     """(line number, value) for each non-blank line of a JSON-lines input that must be whole (a small
     catalogue or review sample); a line that is not JSON stops with an error naming the file and line."""
@@ -50,11 +37,6 @@ def json_lines(path: Path):
                 yield number, json.loads(line)
             except json.JSONDecodeError as error:
                 raise SystemExit(f"error: {path} line {number}: {error!r}") from None
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The values of a JSON-lines file's whole lines (see valid_lines)."""
-    return [row for _, row in valid_lines(path)]
 
 
 class Lock:

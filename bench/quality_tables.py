@@ -24,9 +24,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-from statsmodels.stats.multitest import multipletests
 
 from agents.review.select import option_name
+from agents.stats import holm as holm_adjusted
 from eval.metrics import bca_interval, paired_bootstrap, per_task_scores
 from eval.review import per_task_terms
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> str:
         for split in SPLITS:
             for prefix in ADAPTERS:
                 lines += section(args.root, sample, split, prefix, tests)
-    holm = multipletests(tests, method="holm")[1] if tests else []
+    holm = holm_adjusted(tests)
     text = "\n".join(line(holm) if callable(line) else line for line in lines)
     text += (
         f"\n\nHolm p: one-sided paired bootstrap p-values ((1 + resamples not past zero) / (B + 1)), "

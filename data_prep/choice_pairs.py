@@ -43,6 +43,7 @@ from tqdm import tqdm
 from data_prep import fingerprint, movielens
 from data_prep.io import write_atomic
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
+from data_prep.pairs import percentiles
 from data_prep.prompt import (
     RATE_INSTRUCTION,
     WATCH_INSTRUCTION,
@@ -331,13 +332,6 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
     print(f"{card['examples']} examples ({card['users']} users) -> {args.out}; left out {dict(counts)}")
     print(f"tokens (prompt + completion + EOS): {card['token_lengths']}")
     return card
-
-
-def percentiles(values: list[int]) -> dict:
-    if not values:
-        return {}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"p50": int(p50), "p90": int(p90), "p99": int(p99), "max": int(max(values))}
 
 
 if __name__ == "__main__":

@@ -41,12 +41,12 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from data_prep import recllmsim
 from data_prep.io import write_atomic
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
+from data_prep.pairs import percentiles
 from data_prep.prompt import (
     ACTION_TEXT,
     ACTIONS,
@@ -191,13 +191,6 @@ def make_examples(loaded, tokenizer, language: str, max_tokens: int) -> tuple[li
                     )
             dialogue.append((turn.role, text))
     return examples, counts
-
-
-def percentiles(values: list[int]) -> dict:
-    if not values:
-        return {}
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"p50": int(p50), "p90": int(p90), "p99": int(p99), "max": int(max(values))}
 
 
 def main(argv: list[str] | None = None) -> dict:

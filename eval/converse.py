@@ -62,12 +62,10 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.converse.simulator import ACTION_INTENT
+from agents.stats import holm_rows
 from data_prep import recllmsim
+from data_prep.io import read_jsonl
 from eval.metrics import bca_interval
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def interval(values: list[float]) -> list[float]:
@@ -594,18 +592,6 @@ def holm(correlations: dict) -> dict:
         "spearman_p_holm",
     )
     return correlations
-
-
-def holm_rows(rows, p_of, key: str) -> None:
-    """Holm's step-down correction (statsmodels' multipletests) over the rows whose ``p_of(row)`` is not
-    None, written into each as ``key``: one family of tests."""
-    from statsmodels.stats.multitest import multipletests
-
-    tested = [row for row in rows if p_of(row) is not None]
-    if tested:
-        adjusted = multipletests([p_of(row) for row in tested], method="holm")[1]
-        for row, p in zip(tested, adjusted, strict=True):
-            row[key] = float(p)
 
 
 def questionnaire_answers(

@@ -272,7 +272,9 @@ def narrow(paths: list[Path], names: list[str]) -> str:
     for name, path in zip(names, paths, strict=True):
         r = json.loads(Path(path).read_text())
         f = r.get("fidelity")
-        fid = f"{f['copied_share']:.0%} | {f['distinct_2']:.3f} ({f['real_distinct_2']:.3f})" if f else "– | –"
+        fid = (
+            f"{f['copied_share']:.0%} | {f['distinct_2']:.3f} ({f['real_distinct_2']:.3f})" if f else "– | –"
+        )
         rows.append(
             f"| {name} | {r['preference_estimation']:.4f} | {r['review_generation']:.4f} | {r['overall']:.4f} | {fid} |"
         )

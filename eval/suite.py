@@ -164,7 +164,7 @@ def claims_table(eval_root: Path, names: list[str], plugins: tuple[str, ...] = (
     """Each claim as a paired difference with its 95% BCa interval, and a one-sided bootstrap p-value
     ((1 + resamples <= 0) / (B + 1)) Holm-corrected over the table's claims (statsmodels), since a
     table of many claims at 95% each would find some by chance."""
-    from statsmodels.stats.multitest import multipletests
+    from agents.stats import holm
 
     terms = {name: review.per_task_terms(eval_root / name) for name in names}  # each samples.jsonl once
     plugged = [(p, b, "overall") for p in plugins for b in ("stats", "nearest-centroid", "user-mean")]
@@ -174,12 +174,12 @@ def claims_table(eval_root: Path, names: list[str], plugins: tuple[str, ...] = (
             d = paired_bootstrap(terms[a], terms[b], metric)
             below = round(d["resamples"] * (1 - d["share_of_resamples_above_zero"]))
             found.append((a, b, metric, d, (1 + below) / (d["resamples"] + 1)))
-    holm = multipletests([f[4] for f in found], method="holm")[1] if found else []
+    adjusted = holm([f[4] for f in found])
     rows = [
         "| claim | metric | difference | 95% CI (paired BCa bootstrap) | resamples > 0 | Holm p (one-sided) | n |",
         "|" + "---|" * 7,
     ]
-    for (a, b, metric, d, _), p in zip(found, holm, strict=True):
+    for (a, b, metric, d, _), p in zip(found, adjusted, strict=True):
         rows.append(
             f"| {a} > {b} | {metric} | {d['difference']:+.4f} | [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] | "
             f"{d['share_of_resamples_above_zero']:.1%} | {p:.3f} | {d['n']} |"
@@ -285,7 +285,7 @@ def run_suite(
         runs[name] = run
     print("\n--- comparison (shared evaluator)")
     heading = tasks_line(tasks)
-    review.compare(list(scored.values()), list(scored), out, paired=False, heading=heading)
+    table = review.compare(list(scored.values()), list(scored), out, paired=False, heading=heading)
     print(f"{heading}\n\n{review.narrow(list(scored.values()), list(scored))}")
     agents = agents_table(runs)
     (out / "agents.md").write_text(f"{heading}\n\n{agents}\n")

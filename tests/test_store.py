@@ -94,3 +94,15 @@ def test_a_whole_file_write_is_all_or_nothing_and_reaches_the_disk(tmp_path, mon
     dio.write_atomic(target, b"new\n")
     assert target.read_bytes() == b"new\n" and len(synced) == 2  # the file, then its folder
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_one_json_lines_reader_leaves_out_a_cut_last_line_and_names_a_damaged_one(tmp_path):
+    from data_prep.io import read_jsonl
+
+    path = tmp_path / "turns.jsonl"
+    assert read_jsonl(path) == []  # no file yet: no lines
+    path.write_text('{"a": 1}\n\n{"a": 2}\n{"a": 3, "cut')  # a kill mid-write: the last line has no newline
+    assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
+    path.write_text('{"a": 1}\nnot json\n{"a": 3}\n')  # damage in the middle is not a shorter file
+    with pytest.raises(ValueError, match="turns.jsonl line 2"):
+        read_jsonl(path)

@@ -48,7 +48,7 @@ from agents.review.agent import (
     ReviewAgent,
 )
 from agents.review.select import chosen_for, option_name, read_rule
-from agents.runs import Lock, drop_cut_line
+from agents.runs import Lock, drop_cut_line, read_jsonl
 from data_prep import fingerprint
 from data_prep.provenance import provenance
 from data_prep.schema import format_utc
@@ -120,12 +120,6 @@ def write_outputs(out: Path, tasks: list[dict], done: dict[int, dict], summary: 
     ]
     (out / "output.json").write_text(json.dumps(official, indent=1, ensure_ascii=False))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    )
 
 
 def fingerprint_inputs(agent_config: AgentConfig, llm_config: LLMConfig, args: RunArguments, store) -> dict:

@@ -37,6 +37,7 @@ import numpy as np
 
 from agents.runs import read_jsonl, write_json
 from agents.sandbox.config import as_dict, load_config
+from agents.stats import holm_rows
 from data_prep import fingerprint
 
 COPIED = ("rejects.jsonl", "profiles.yaml", "profiles_written.json")
@@ -106,7 +107,6 @@ def shared_past(a: Path, b: Path) -> int:
 
 def compare(a: Path, b: Path, out: Path | None = None, after: int | None = None) -> dict:
     from scipy.stats import bootstrap, wilcoxon
-    from statsmodels.stats.multitest import multipletests
 
     after = shared_past(a, b) if after is None else after
     rows = {
@@ -144,12 +144,7 @@ def compare(a: Path, b: Path, out: Path | None = None, after: int | None = None)
             entry["ci95"] = [entry["difference"], entry["difference"]] if len(diff) >= 2 else None
             entry["p"] = None if np.any(diff) else 1.0
         table[key] = entry
-    tested = [k for k, v in table.items() if v["p"] is not None]
-    if tested:
-        for key, p in zip(
-            tested, multipletests([table[k]["p"] for k in tested], method="holm")[1], strict=True
-        ):
-            table[key]["p_holm"] = float(p)
+    holm_rows(table.values(), lambda v: v["p"], "p_holm")
     result = {"a": str(a), "b": str(b), "after_round": after, "rounds": rounds, "statistics": table}
     lines = [
         f"Rounds {rounds[0]}-{rounds[-1]} ({len(rounds)}, after the shared past of round {after}); "
