@@ -44,7 +44,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.retrieval import top_indices
-from eval.metrics import bca_interval
+from eval.metrics import bca_interval, paired_claim
 from eval.sandbox_cases import (
     CHUNK,
     HORIZON,
@@ -382,19 +382,8 @@ def claims(results: dict, subject: str) -> list[dict]:
     confidence = 1 - 0.05 / max(len(pairs), 1)
     for key, other in pairs:
         row = results["settings"][key]
-        diff = np.array(row[subject]["hits"]) - np.array(row[other]["hits"])
-        low, high, share = bca_interval(diff, confidence=confidence)
-        out.append(
-            {
-                "claim": f"{subject} > {other}",
-                "setting": key,
-                "difference": round(float(diff.mean()), 4),
-                "ci": [round(low, 4), round(high, 4)],
-                "confidence": round(confidence, 5),
-                "resamples_above_zero": round(share, 4),
-                "users": len(diff),
-            }
-        )
+        claim = paired_claim(row[subject]["hits"], row[other]["hits"], confidence)
+        out.append({"claim": f"{subject} > {other}", "setting": key, **claim})
     return out
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from eval.metrics import bca_interval
+from eval.metrics import bca_interval, paired_claim
 from eval.sandbox_cases import (
     HORIZON,
     AgentRow,
@@ -217,21 +217,12 @@ def claims(results: dict, subject: str) -> list[dict]:
         return []
     confidence = 1 - 0.05 / len(others)
     out = []
+    methods = results["methods"]
     for other in others:
-        diff = np.array(results["methods"][subject]["recall_per_user"]) - np.array(
-            results["methods"][other]["recall_per_user"]
+        claim = paired_claim(
+            methods[subject]["recall_per_user"], methods[other]["recall_per_user"], confidence
         )
-        low, high, share = bca_interval(diff, confidence=confidence)
-        out.append(
-            {
-                "claim": f"{subject} > {other} (recall)",
-                "difference": round(float(diff.mean()), 4),
-                "ci": [round(low, 4), round(high, 4)],
-                "confidence": round(confidence, 5),
-                "resamples_above_zero": round(share, 4),
-                "users": len(diff),
-            }
-        )
+        out.append({"claim": f"{subject} > {other} (recall)", **claim})
     return out
 
 
