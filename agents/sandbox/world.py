@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -101,6 +101,17 @@ def social_schema(contacts: int) -> Constraint:
 
 SAY = Constraint.json_object(say={"type": "string", "minLength": 1, "maxLength": 280})
 QUERY = Constraint.json_object(query={"type": "string", "minLength": 1, "maxLength": 80})
+
+
+@dataclass(frozen=True)
+class Move:
+    """What an agent does on a recommender page (one step of a visit)."""
+
+    action: str  # watch | next | search | leave | fallback (an unusable answer, counted)
+    films: tuple[int, ...] = ()  # watch: the films it watches
+    query: str = ""  # search: the query ("": the template writes it, text.search: template)
+    feeling: str = ""  # watch, generate mode: how it felt, in its own words
+    answer: str = ""  # fallback: the answer that could not be used, as it came
 
 
 def parse_json(text: str) -> dict | None:
@@ -339,24 +350,24 @@ class World:
             else:
                 moves = self.page_step_generated(visiting, pages)
             watching = [
-                (agent, item, feeling)
-                for agent, (action, items, feeling) in zip(visiting, moves, strict=True)
-                if action == "watch"
-                for item in items
+                (agent, film, move.feeling)
+                for agent, move in zip(visiting, moves, strict=True)
+                if move.action == "watch"
+                for film in move.films
             ]
             self.watch(watching, events)
             searching = [
-                (a, self.template_query(a) if self.config.text.search == "template" else m[1])
-                for a, m in zip(visiting, moves, strict=True)
-                if m[0] == "search"
+                (a, self.template_query(a) if self.config.text.search == "template" else move.query)
+                for a, move in zip(visiting, moves, strict=True)
+                if move.action == "search"
             ]
             still = []
-            for agent, (action, _, _) in zip(visiting, moves, strict=True):
+            for agent, move in zip(visiting, moves, strict=True):
                 name = agent.profile.name
-                if action in ("fallback", "leave"):
-                    self.log(events, name, "leave", fallback=action == "fallback")
+                if move.action in ("fallback", "leave"):
+                    self.log(events, name, "leave", fallback=move.action == "fallback")
                     continue
-                if action != "next":
+                if move.action != "next":
                     continue  # a visit ends with watching; a search is served below
                 seen[name] |= set(pages[name])
                 pages[name], _ = self.feed.page(
@@ -380,8 +391,8 @@ class World:
                 still.append(agent)
             visiting = [a for a in visiting if a in still]
 
-    def page_step_generated(self, visiting: list[Agent], pages: dict) -> list[tuple]:
-        """One JSON answer per agent: (action, films or query, feeling); fallbacks counted."""
+    def page_step_generated(self, visiting: list[Agent], pages: dict) -> list[Move]:
+        """One JSON answer per agent: its move (films and feeling, or a query); fallbacks counted."""
         prompts = [
             self.prompt(
                 agent,
@@ -410,19 +421,18 @@ class World:
             query = str(value.get("query") or "").strip() if value else ""
             if action not in PAGE_ACTIONS or (action == "watch" and (not numbers or not valid)):
                 self.counts["fallback:recommender"] += 1
-                moves.append(("fallback", [], text))
+                moves.append(Move("fallback", answer=text))
             elif action == "search" and not query:
                 self.counts["fallback:empty_search"] += 1
-                moves.append(("fallback", [], text))
+                moves.append(Move("fallback", answer=text))
             elif action == "watch":
-                moves.append(
-                    ("watch", [page[k - 1] for k in dict.fromkeys(numbers)], str(value.get("feeling") or ""))
-                )
+                films = tuple(page[k - 1] for k in dict.fromkeys(numbers))
+                moves.append(Move("watch", films, feeling=str(value.get("feeling") or "")))
             else:
-                moves.append((action, query, ""))
+                moves.append(Move(action, query=query if action == "search" else ""))
         return moves
 
-    def page_step_scored(self, visiting: list[Agent], pages: dict) -> list[tuple]:
+    def page_step_scored(self, visiting: list[Agent], pages: dict) -> list[Move]:
         """The action by score (features weighing in), then the film by score, a query by generation."""
         names = [a.profile.name for a in visiting]
         listing = {a.profile.name: self.listing(pages[a.profile.name]) for a in visiting}
@@ -437,18 +447,18 @@ class World:
             for a in visiting
         ]
         actions = self.decider.choose("page", names, prompts, PAGE_ACTIONS, self.features(visiting))
-        moves: list[tuple] = [None] * len(visiting)
+        moves: list[Move | None] = [None] * len(visiting)
         watchers = [k for k, act in enumerate(actions) if act == "watch"]
         for k, item in zip(
             watchers,
             self.pick([visiting[k] for k in watchers], [pages[names[k]] for k in watchers]),
             strict=True,
         ):
-            moves[k] = ("watch", [item], "") if item is not None else ("fallback", [], "")
+            moves[k] = Move("watch", (item,)) if item is not None else Move("fallback")
         searchers = [k for k, act in enumerate(actions) if act == "search"]
         if searchers and self.config.text.search == "template":  # the query is the agent's first interest
             for k in searchers:
-                moves[k] = ("search", "", "")  # browse() puts in the template's query
+                moves[k] = Move("search")  # browse() puts in the template's query
             searchers = []
         if searchers:
             asked = self.decider.ask(
@@ -461,13 +471,13 @@ class World:
                 query = str(value.get("query") or "").strip() if value else ""
                 if not query:
                     self.counts["fallback:empty_search"] += 1
-                moves[k] = ("search", query, "") if query else ("fallback", [], text)
+                moves[k] = Move("search", query=query) if query else Move("fallback", answer=text)
         for k, act in enumerate(actions):
             if act is None:
                 self.counts["fallback:recommender"] += 1
-                moves[k] = ("fallback", [], "")
+                moves[k] = Move("fallback")
             elif act in ("next", "leave"):
-                moves[k] = (act, [], "")
+                moves[k] = Move(act)
         return moves
 
     def pick(self, agents: list[Agent], pages: list[list[int]]) -> list[int | None]:
