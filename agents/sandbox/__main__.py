@@ -1,5 +1,5 @@
-"""python -m agents.sandbox: see agents/sandbox/run.py."""
+"""python -m agents.sandbox: see agents/sandbox/cli.py."""
 
-from agents.sandbox.run import main
+from agents.sandbox.cli import main
 
 main()

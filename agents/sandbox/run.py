@@ -24,12 +24,12 @@ refused while a run holds the folder (RUN_DIR/.lock).
     python -m agents.sandbox compare RUN_A RUN_B                 # paired per-round statistics after the fork
     python -m agents.sandbox export RUN_DIR --format recbole     # or csv: the interactions for a recsys library
 
-(agents/sandbox/branches.py: fork and compare; agents/sandbox/export.py: export.)
+(agents/sandbox/cli.py: the command line; agents/sandbox/branches.py: fork and compare;
+agents/sandbox/export.py: export. This module is the run-folder library the others build on.)
 """
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import re
@@ -533,68 +533,10 @@ def intervene(args) -> None:
     print(json.dumps(record))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m agents.sandbox", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    go = sub.add_parser("run", help="run (or resume) a simulation")
-    go.add_argument("--config", required=True)
-    go.add_argument("--out", required=True)
-    go.add_argument("--rounds", type=int)
-    go.add_argument("--agents", type=int)
-    go.add_argument("--set", nargs="*", action="extend", help="section.field=value overrides of the config")
-    go.add_argument("--human", help="play this agent at the terminal")
-    go.add_argument("--overwrite", action="store_true")
-    go.add_argument(
-        "--fetch-missing",
-        action="store_true",
-        help="download ml-latest-small when the data folder is missing",
-    )
-    edit = sub.add_parser("edit", help="change an agent's profile in a paused run")
-    edit.add_argument("run")
-    edit.add_argument("--agent", required=True)
-    edit.add_argument("--field", required=True)
-    edit.add_argument("--value", required=True)
-    cast = sub.add_parser("broadcast", help="a message every agent hears at the next round")
-    cast.add_argument("run")
-    cast.add_argument("--message", required=True)
-    ask = sub.add_parser("interview", help="ask an agent of a paused run a question")
-    ask.add_argument("run")
-    ask.add_argument("--agent", required=True)
-    ask.add_argument("--question", required=True)
-    branch = sub.add_parser("fork", help="a new run continuing from a run's state after round K")
-    branch.add_argument("run")
-    branch.add_argument("--round", type=int, required=True)
-    branch.add_argument("--out", required=True)
-    branch.add_argument("--set", nargs="*", action="extend", default=[], help="the branch's config changes")
-    pair = sub.add_parser("compare", help="two runs' per-round statistics after their shared past, paired")
-    pair.add_argument("runs", nargs=2)
-    pair.add_argument("--out", help="write compare.json and compare.md here")
-    pair.add_argument("--after", type=int, help="compare the rounds after this one (default: the fork round)")
-    leave = sub.add_parser("export", help="the run's interactions as RecBole atomic files or CSV")
-    leave.add_argument("run")
-    leave.add_argument("--format", choices=["recbole", "csv"], required=True)
-    leave.add_argument("--out", help="folder (default RUN/export/FORMAT)")
-    leave.add_argument(
-        "--with-impressions", action="store_true", help="also every item a page or search showed"
-    )
-    args = parser.parse_args(argv)
-    if args.command == "run":
-        run(args)
-    elif args.command == "fork":
-        from agents.sandbox.branches import fork
+if __name__ == "__main__":  # the old entry point, kept for one release: python -m agents.sandbox
+    import sys
 
-        fork(Path(args.run), args.round, Path(args.out), args.set)
-    elif args.command == "compare":
-        from agents.sandbox.branches import compare
+    from agents.sandbox.cli import main
 
-        compare(*map(Path, args.runs), Path(args.out) if args.out else None, args.after)
-    elif args.command == "export":
-        from agents.sandbox.export import export
-
-        export(Path(args.run), args.format, Path(args.out) if args.out else None, args.with_impressions)
-    else:
-        intervene(args)
-
-
-if __name__ == "__main__":
+    print("note: python -m agents.sandbox.run is now python -m agents.sandbox", file=sys.stderr)
     main()
