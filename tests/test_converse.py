@@ -5,6 +5,7 @@ recommenders."""
 
 import argparse
 import json
+import math
 from collections import Counter
 from dataclasses import replace
 
@@ -900,3 +901,67 @@ def test_a_rating_is_judged_at_temperature_0_before_its_scores_and_the_prompt_st
     ]
     rating_prompt = next(p for k, p in backend.calls if k == "rating")
     assert "1 (very poor" in rating_prompt and "5 (excellent" in rating_prompt
+
+
+def test_the_replay_runs_on_an_openai_compatible_server(raw, tmp_path, monkeypatch):
+    """eval.converse's replay with llm.backend=openai (a stronger model's way in), against a stand-in
+    server on loopback: the judgement comes as a JSON schema answer, each score from the first token's
+    top_logprobs; the key travels from the environment."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from eval.converse import replay_check
+
+    asked = []
+
+    class Served(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            asked.append((self.headers.get("Authorization"), body))
+            choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": ""}}
+            if body.get("logprobs"):  # a score: "4" most likely, "3" next
+                top = [
+                    {"token": "4", "logprob": -0.2, "bytes": None},
+                    {"token": "3", "logprob": -1.8, "bytes": None},
+                ]
+                choice["message"]["content"] = "4"
+                choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
+            else:  # the judgement, filled from its schema
+                schema = body["response_format"]["json_schema"]["schema"]["properties"]
+                kinds = {"string": "a reply that answers", "boolean": False, "integer": 3}
+                choice["message"]["content"] = json.dumps({k: kinds[v["type"]] for k, v in schema.items()})
+            reply = {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [choice],
+            }
+            data = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Served)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("REPLAY_KEY", "sk-replay")
+    try:
+        served = config("llm.backend=openai", f"llm.base_url=http://127.0.0.1:{server.server_port}/v1",
+                        "llm.model=stronger", "llm.api_key_env=REPLAY_KEY")  # fmt: skip
+        result = replay_check(raw / "recllmsim", served, tmp_path, "llm", 2)
+    finally:
+        server.shutdown()
+    assert result["unusable_ratings"] == 0 and result["model"] == "stronger"
+    scores = [b for _, b in asked if b.get("logprobs")]
+    assert scores and all(b["top_logprobs"] == 20 and b["max_tokens"] == 1 for b in scores)
+    assert {a for a, _ in asked} == {"Bearer sk-replay"}
+    expected = (4 * math.exp(-0.2) + 3 * math.exp(-1.8)) / (math.exp(-0.2) + math.exp(-1.8))
+    ratings = json.loads((tmp_path / "replay_llm.json").read_text())
+    assert ratings["conversations"] == 2
+    means = list(ratings["ratings"].values())  # each conversation's mean over its assistant turns
+    assert len(means) == 2 and all(m["language_quality"] == pytest.approx(expected) for m in means)
