@@ -182,7 +182,7 @@ class Critic(Scripted):
             return "recommender"
         if constraint.kind != "choice" and "items" in json.loads(constraint.schema)["properties"]:
             if self.search:
-                return json.dumps({"action": "search", "items": [], "query": "zzqx", "feeling": ""})
+                return json.dumps({"action": "search", "items": [1], "query": "zzqx", "feeling": ""})
             return json.dumps({"action": "watch", "items": [1], "query": "", "feeling": "I hated it, awful"})
         if self.said is not None and constraint.kind != "choice" and "say" in constraint.schema:
             return json.dumps({"say": self.said})

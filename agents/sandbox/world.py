@@ -31,7 +31,6 @@ exactly as the uninterrupted one would with a deterministic backend.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import asdict, dataclass
 
@@ -112,14 +111,6 @@ class Move:
     query: str = ""  # search: the query ("": the template writes it, text.search: template)
     feeling: str = ""  # watch, generate mode: how it felt, in its own words
     answer: str = ""  # fallback: the answer that could not be used, as it came
-
-
-def parse_json(text: str) -> dict | None:
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def verdict(stars: float) -> str:
@@ -403,16 +394,12 @@ class World:
             )
             for agent in visiting
         ]
-        answers = self.decider.ask(
-            "recommender",
-            [a.profile.name for a in visiting],
-            prompts,
-            step_schema(self.config.recommender.page_size),
-        )
+        schema = step_schema(self.config.recommender.page_size)
+        answers = self.decider.ask("recommender", [a.profile.name for a in visiting], prompts, schema)
         moves = []
         for agent, text in zip(visiting, answers, strict=True):
             page = pages[agent.profile.name]
-            value = parse_json(text)
+            value = schema.parse(text)  # valid under the schema, or None
             action = value.get("action") if value else None
             numbers = value.get("items", []) if value else []
             valid = isinstance(numbers, list) and all(
@@ -467,7 +454,7 @@ class World:
                 QUERY,
             )  # fmt: skip
             for k, text in zip(searchers, asked, strict=True):
-                value = parse_json(text)
+                value = QUERY.parse(text)
                 query = str(value.get("query") or "").strip() if value else ""
                 if not query:
                     self.counts["fallback:empty_search"] += 1
@@ -582,10 +569,11 @@ class World:
             for agent in agents
         ]
         width = max(len(c) for c in contacts.values())
-        answers = self.decider.ask("social", [a.profile.name for a in agents], prompts, social_schema(width))
+        schema = social_schema(width)
+        answers = self.decider.ask("social", [a.profile.name for a in agents], prompts, schema)
         chats, posts = [], []
         for agent, text in zip(agents, answers, strict=True):
-            value = parse_json(text)
+            value = schema.parse(text)
             mine = contacts[agent.profile.name]
             ok = value and value.get("action") in ("chat", "post") and str(value.get("text") or "").strip()
             if (
@@ -693,7 +681,7 @@ class World:
         ]
         out = []
         for text in self.decider.ask(decision, [a.profile.name for a in agents], prompts, SAY):
-            value = parse_json(text)
+            value = SAY.parse(text)
             out.append(str(value["say"]) if value and str(value.get("say") or "").strip() else None)
         return out
 
@@ -714,7 +702,7 @@ class World:
             ]
             answers = self.decider.ask("chat", [a.profile.name for a, _, _ in chats], prompts, SAY)
             for (a, _, _), dialogue, text in zip(chats, dialogues, answers, strict=True):
-                value = parse_json(text)
+                value = SAY.parse(text)
                 if not value or not value.get("say"):
                     self.counts["fallback:chat"] += 1
                     self.log(events, a.profile.name, "chat-turn", fallback=True, answer=text)
@@ -769,7 +757,7 @@ class World:
             f"Answer the interviewer: {question}",
             f"An interviewer asks you a question.\n{films_line(agent.recent(self.movies))}",
         )
-        value = parse_json(self.decider.ask("interview", [name], [prompt], SAY)[0])
+        value = SAY.parse(self.decider.ask("interview", [name], [prompt], SAY)[0])
         answer = str(value["say"]) if value and value.get("say") else "(no usable answer)"
         watched = agent.seen()
         template = "I watched " + "; ".join(t for t, _ in agent.recent(self.movies)) + "."
