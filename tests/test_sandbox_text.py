@@ -181,7 +181,7 @@ class Critic(Scripted):
         if constraint.kind == "choice" and "recommender" in constraint.options:
             return "recommender"
         if constraint.kind != "choice" and "items" in json.loads(constraint.schema)["properties"]:
-            if self.search:
+            if self.search:  # the schema asks for 1 to page_size numbers whatever the action
                 return json.dumps({"action": "search", "items": [1], "query": "zzqx", "feeling": ""})
             return json.dumps({"action": "watch", "items": [1], "query": "", "feeling": "I hated it, awful"})
         if self.said is not None and constraint.kind != "choice" and "say" in constraint.schema:
