@@ -378,7 +378,7 @@ def score_cost(args) -> dict:
     from agents.sandbox.decide import Decider
     from agents.sandbox.memory import LLMMemoryModel
     from agents.sandbox.world import step_schema
-    from eval.sandbox_cases import page_text
+    from eval.sandbox.cases import page_text
 
     backend, embed = real_parts(args.config)
     data = movielens.load(load_config(args.config).data)

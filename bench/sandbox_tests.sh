@@ -19,9 +19,9 @@ ADAPTER=${ADAPTER:-runs/sandbox/sft/choice}
 "$PY" -m data_prep.choice_pairs --data "$DATA" --out "$PAIRS" --before "$AFTER" --examples 6000 --ratings 1500
 "$PY" -m train.sft --config configs/sft/smollm2_choice_cpu.yaml --pairs "$PAIRS" --output_dir "$ADAPTER" \
     --overwrite true
-"$PY" -m eval.discrimination --config "$CONFIG" --set "data=$DATA" --out "$OUT/discrimination" \
+"$PY" -m eval.sandbox.discrimination --config "$CONFIG" --set "data=$DATA" --out "$OUT/discrimination" \
     --after "$AFTER" --adapter "$ADAPTER"
-"$PY" -m eval.generation --config "$CONFIG" --set "data=$DATA" --out "$OUT/generation" --after "$AFTER" \
+"$PY" -m eval.sandbox.generation --config "$CONFIG" --set "data=$DATA" --out "$OUT/generation" --after "$AFTER" \
     --adapter "$ADAPTER" --choices-from "$OUT/discrimination/results.json"
-"$PY" -m eval.alignment --config "$CONFIG" --set "data=$DATA" --out "$OUT/alignment" --after "$AFTER" \
+"$PY" -m eval.sandbox.alignment --config "$CONFIG" --set "data=$DATA" --out "$OUT/alignment" --after "$AFTER" \
     --adapter "$ADAPTER"

@@ -12,7 +12,7 @@ t, or released in an earlier year: data_prep.movielens.existing_films), in a ran
 films' tags.
 
 Nothing comes from on or after ``--before``: not the targets, not a distractor's exclusion, not a
-count. The sandbox's tests (eval.sandbox_cases) draw only users whose held-out ratings are all at or
+count. The sandbox's tests (eval.sandbox.cases) draw only users whose held-out ratings are all at or
 after that date and refuse an adapter whose pairs are not all older than their ``--after``. Pairs are
 drawn uniformly over the eligible ratings (a user with at least ``--min-history`` older ratings), at most
 ``--per-user`` per user, and split into train and validation by user (no user in both).

@@ -436,7 +436,7 @@ def parse_completion(text: str) -> tuple[float | None, str | None]:
     return stars, review or None
 
 
-# -- the recommender sandbox (agents.sandbox, eval.discrimination, data_prep.choice_pairs) ------------------
+# -- the recommender sandbox (agents.sandbox, eval.sandbox.discrimination, data_prep.choice_pairs) ------------------
 
 # The five behaviour features of RecAgent and what each says about a person; a decision's prompt names
 # only the features that bear on it (agents.sandbox.decide says which).

@@ -9,7 +9,7 @@ import pytest
 
 from agents.llm import Answer
 from data_prep.movielens import Movie, MovieLens, Rating
-from eval import alignment as al
+from eval.sandbox import alignment as al
 
 
 def tiny():
@@ -149,7 +149,7 @@ def test_the_tuned_rows_refuse_an_adapter_trained_on_choices_only(raw, tmp_path)
     import json
 
     from agents.sandbox.config import load_config
-    from eval.sandbox_cases import data_digest
+    from eval.sandbox.cases import data_digest
 
     folder = raw / "movielens_latest_small"
     config = load_config("configs/sandbox/movielens.yaml", [f"data={folder}"])

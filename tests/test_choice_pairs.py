@@ -160,7 +160,7 @@ def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw
     record = json.loads((run / "training_data.json").read_text())
     assert record["latest_target_ts"] < movielens.parse_moment("2003-01-01", ml)  # what the tests check
     # rating alignment reads the stars from this adapter in its tuned rows, the others with it off
-    from eval import alignment
+    from eval.sandbox import alignment
 
     data = [f"data={raw / 'movielens_latest_small'}", f"llm.model={tiny_model}"]
     results = alignment.run(

@@ -9,7 +9,7 @@ import pytest
 
 from agents.llm import Answer
 from data_prep.movielens import Movie, MovieLens, Rating
-from eval import discrimination as d
+from eval.sandbox import discrimination as d
 
 
 def tiny():
@@ -95,7 +95,7 @@ class ByLength:
 def test_an_agent_row_is_built_at_each_cutoff_and_chooses_its_normalisation_on_validation(tmp_path):
     from sandbox_fakes import embed
 
-    from eval.sandbox_cases import AgentRow
+    from eval.sandbox.cases import AgentRow
 
     data = tiny()
     for movie in (3, 4, 7):  # the held-out films are starred: best per token, worst in sum

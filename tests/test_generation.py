@@ -8,8 +8,8 @@ from sandbox_fakes import PageScoring, embed
 
 from agents.sandbox.config import load_config
 from data_prep import movielens
-from eval import generation as g
-from eval.sandbox_cases import AgentRow
+from eval.sandbox import generation as g
+from eval.sandbox.cases import AgentRow
 
 FAST = [
     "recommender.kind=popularity",

@@ -9,7 +9,7 @@ import pytest
 
 from agents.sandbox.config import load_config
 from data_prep.movielens import Movie, MovieLens, Rating
-from eval.sandbox_cases import check_adapter, data_digest, draw_users, eligible_users
+from eval.sandbox.cases import check_adapter, data_digest, draw_users, eligible_users
 
 
 def tiny():

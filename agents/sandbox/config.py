@@ -63,7 +63,7 @@ class MemoryConfig:
     # agents/sandbox/textcheck.py) or template (an observation is kept as it is at importance 0.5, an
     # insight is the record it came from, and no reflection is written: no LLM call)
     writer: str = Field("llm", pattern="^(llm|template)$")
-    # ablations (each a row of eval.discrimination): memory.py's docstring says what each turns off
+    # ablations (each a row of eval.sandbox.discrimination): memory.py's docstring says what each turns off
     short_term: bool = True
     long_term: bool = True
     reflection: bool = True
@@ -85,7 +85,7 @@ class DecisionConfig:
     # log-likelihood of each, the features' weights applied (decide.py)
     mode: str = Field("generate", pattern="^(generate|score)$")
     # score mode: a film's score is its title's log-likelihood summed, per token, or over its likelihood
-    # without the agent's prompt (pmi); chosen on validation users by eval.discrimination
+    # without the agent's prompt (pmi); chosen on validation users by eval.sandbox.discrimination
     normalisation: str = Field("mean", pattern="^(sum|mean|pmi)$")
     # with llm.adapter: the adapter scores the choice of a film only (what data_prep.choice_pairs trains
     # it for; the base model does the rest), the choice and the stars for a watched film (watch-rate: pairs

@@ -1,4 +1,4 @@
-"""What the sandbox's tests share (eval.discrimination, eval.generation, eval.alignment): the users they
+"""What the sandbox's tests share (eval.sandbox.discrimination, eval.sandbox.generation, eval.sandbox.alignment): the users they
 test, the agents they test (built as the sandbox builds its own), the adapter check, and resumable
 results.
 
