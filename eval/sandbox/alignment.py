@@ -462,7 +462,9 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.sandbox.alignment", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--users", type=int, default=100)

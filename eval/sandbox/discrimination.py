@@ -569,7 +569,9 @@ def table(results: dict, methods: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.sandbox.discrimination", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--users", type=int, default=100)

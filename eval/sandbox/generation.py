@@ -408,7 +408,9 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m eval.sandbox.generation", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--users", type=int, default=100)
@@ -421,7 +423,9 @@ def main(argv: list[str] | None = None) -> None:
     names = list(dict.fromkeys([*BASELINES, *variants("adapter"), *variants(None)]))
     parser.add_argument("--methods", nargs="+", choices=[n for n in names if n != "agent-generate"])
     parser.add_argument(
-        "--choices-from", type=Path, help="eval.sandbox.discrimination's results.json: each row's normalisation"
+        "--choices-from",
+        type=Path,
+        help="eval.sandbox.discrimination's results.json: each row's normalisation",
     )
     parser.add_argument("--set", nargs="*", action="extend", default=[])
     parser.add_argument("--overwrite", action="store_true")
