@@ -78,6 +78,7 @@ import json
 import logging
 import math
 import os
+import re
 import sqlite3
 import threading
 from collections import Counter
@@ -227,6 +228,15 @@ class Constraint:
         except jsonschema.ValidationError:
             return None
         return value
+
+    def holds(self, text: str) -> bool:
+        """Whether an answer is what this constraint allows (a server that ignored the constraint is
+        found out this way, not trusted)."""
+        if self.kind in ("answer", "review"):
+            return re.fullmatch(self.regex(), text) is not None
+        if self.kind == "choice":
+            return text.strip() in self.options
+        return self.parse(text) is not None
 
     def from_json(self, text: str) -> str:
         """A JSON answer written back as this constraint's text (unparsable JSON is returned as is)."""
@@ -991,6 +1001,7 @@ class OpenAIBackend:
             "decoding_fields": self.fields,
         }
         self.structured = True  # until the server refuses response_format
+        self.warned_unconstrained = False
         self.logprobs = True  # until the server returns none
 
     def request(self, conversation: list[dict], sampling: Sampling, index: int) -> dict:
@@ -1036,12 +1047,17 @@ class OpenAIBackend:
             try:
                 response = client.chat.completions.create(**request)
                 choice = response.choices[0]
-                return Answer(
-                    choice.message.content or "",
-                    choice.finish_reason == "length",
-                    *usage(response),
-                    constrained=True,
-                )
+                text = choice.message.content or ""
+                # an older vLLM ignores a field it does not know (with a warning, not an error): the answer
+                # is checked, and one outside the constraint is not recorded as constrained
+                held = constraint.holds(text) or choice.finish_reason == "length"
+                if not held and not self.warned_unconstrained:
+                    self.warned_unconstrained = True
+                    log.warning(
+                        "an answer does not follow the constraint sent as structured_outputs: "
+                        "is the server's vLLM older than 0.12?"
+                    )
+                return Answer(text, choice.finish_reason == "length", *usage(response), constrained=held)
             except BadRequestError as err:
                 if "structured_outputs" not in str(err):
                     raise  # another problem with this request (too long, ...): the task's error

@@ -1310,6 +1310,9 @@ def test_the_adapter_served_by_vllm_serve_gets_the_lora_arguments_and_the_answer
         )
         assert body["model"] == "mine" and body["authorization"] == "Bearer sk-served"
         assert answer.text == "stars: 4\nreview: served" and answer.constrained
+        assert not Constraint.answer(50).holds(
+            '{"stars": 1, "review": "forced into JSON"}'
+        )  # what an old server sends
     finally:
         server.terminate()
         server.wait(10)

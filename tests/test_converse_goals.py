@@ -196,11 +196,18 @@ def test_names_in_a_reply_are_matched_to_the_catalogue_longest_first_and_chains_
     catalogue[0].name = catalogue[1].name = "Taco Spot"  # a chain in two cities
     catalogue[2].name = "Taco Spot Cantina"  # a longer name holding the chain's
     catalogue[3].name, catalogue[4].name = "Go", "Sushi  Den"
+    catalogue.append(place("f"))
+    catalogue[5].name = "Time"  # a place named with a common word
     match = NameMatcher(catalogue)
-    assert match("Try Taco Spot Cantina or sushi den.") == (["c", "e"], [])
-    assert match("Try the Taco Spot.") == ([], ["taco spot"])  # which city's: ambiguous, counted
+    assert match("Try Taco Spot Cantina or Sushi Den.") == (["c", "e"], [])
+    assert match("Try the Taco Spot.") == ([], ["Taco Spot"])  # which city's: ambiguous, counted
     assert match("Try the Taco Spot.", context="I would like something in Reno.") == (["b"], [])
     assert match("Go there, or Go Taco Spotless.") == ([], [])  # too short a name; whole words only
+    assert match("Time to eat! It is that time of year: try Time tonight.") == (
+        ["f"],
+        [],
+    )  # not "time", not a sentence's first word
+    assert match("try sushi den") == ([], [])  # the name as the catalogue writes it
 
 
 def test_a_text_only_crs_is_scored_by_the_places_it_names(raw, tmp_path):
@@ -302,8 +309,9 @@ def test_a_crs_added_later_runs_alone_and_the_others_dialogues_stay(raw, tmp_pat
     strip = [{k: v for k, v in d.items() if k != "chunk_counts"} for d in rows(both)]
     assert strip == [{k: v for k, v in d.items() if k != "chunk_counts"} for d in rows(grown)]
     served.clear()
-    run(args(raw, grown, "crs=[oracle]"), Scripted(), Scripted())  # one left out: nothing to do
-    assert served == []
+    alone = run(args(raw, grown, "crs=[oracle]"), Scripted(), Scripted())  # one left out: nothing to do
+    assert served == [] and set(alone["crs"]) == {"oracle"}
+    assert rows(grown) == rows(both)  # the left-out recommender's dialogues are still there
     # a recommender whose own settings changed is refused by name; the shared ones by theirs
     run(args(raw, grown, "crs=[random, base]", "crs_text=template"), Scripted(), Scripted())
     with pytest.raises(SystemExit, match=r"crs\.base\.crs_text"):

@@ -237,3 +237,18 @@ def test_vllm_option_probs_reads_each_options_tokens_from_prompt_logprobs(monkey
         dict(zip(["1", "2", "ab"], normalise([-2.0, -1.0, -1.0]), strict=True))
     )
     assert answer.probs_from == "logprobs" and answer.expected is None and answer.prompt_tokens == 2
+
+
+def test_an_answer_is_checked_against_its_constraint():
+    from agents.llm import Constraint
+
+    answer = Constraint.answer(10)
+    assert answer.holds("stars: 4\nreview: fine food") and not answer.holds(
+        "stars: 4\nreview: far too long a review"
+    )
+    assert not answer.holds('{"stars": 4, "review": "json"}')
+    assert Constraint.choice(["watch", "next"]).holds("next") and not Constraint.choice(["watch"]).holds(
+        "leave"
+    )
+    schema = Constraint.json_object(say={"type": "string", "minLength": 1})
+    assert schema.holds('{"say": "hi"}') and not schema.holds('{"say": ""}')

@@ -100,16 +100,17 @@ def disliked(phrase: str, restaurant: Restaurant) -> bool:
 class NameMatcher:
     """The catalogue places a reply names, for a CRS that says what it recommends only in words.
 
-    A name is matched as whole words, case-insensitively, the longest name first where names overlap
-    ("Taco Bell Cantina" before "Taco Bell"). A name several places share (a chain) is settled by the
-    cities named in the dialogue: one place of that name in those cities is matched; otherwise the name is
-    ambiguous and nothing is matched for it. Names shorter than ``shortest`` characters are not looked
-    for (a place called "Go" would match everywhere)."""
+    A name is matched as whole words, as the catalogue writes it (case included: "this time" is not the
+    place "Time"), the longest name first where names overlap ("Taco Bell Cantina" before "Taco Bell"). A
+    one-word name is not matched at the start of a sentence, where any word is capitalised. A name
+    several places share (a chain) is settled by the cities named in the dialogue: one place of that name
+    in those cities is matched; otherwise the name is ambiguous and nothing is matched for it. Names
+    shorter than ``shortest`` characters are not looked for (a place called "Go" would match everywhere)."""
 
     def __init__(self, catalogue: list[Restaurant], shortest: int = 4):
         self.by_name: dict[str, list[Restaurant]] = {}
         for place in catalogue:
-            name = " ".join(place.name.lower().split())
+            name = " ".join(place.name.split())
             if len(name) >= shortest:
                 self.by_name.setdefault(name, []).append(place)
         self.cities = sorted({p.city for p in catalogue if p.city}, key=len, reverse=True)
@@ -130,8 +131,10 @@ class NameMatcher:
         said = (text + " " + context).lower()
         cities = {c for c in self.cities if re.search(rf"(?<!\w){re.escape(c.lower())}(?!\w)", said)}
         ids, ambiguous = [], []
-        for found in self.pattern.finditer(text.lower()):
+        for found in self.pattern.finditer(text):
             name = " ".join(found.group(1).split())
+            if " " not in name and re.search(r"(^|[.!?:]\s*)$", text[: found.start()]):
+                continue  # a one-word name opening a sentence: any word is capitalised there
             places = self.by_name[name]
             if len(places) > 1:
                 places = [p for p in places if p.city in cities]

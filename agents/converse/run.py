@@ -159,8 +159,11 @@ def tidy(out: Path, chunks: list[tuple[int, str, list[int]]]) -> set[tuple[str, 
     written = {(row["crs"], row["dialogue"]): line for line, row in valid_lines(out / "dialogues.jsonl")}
     whole = [(name, ids) for _, name, ids in chunks if all((name, i) in written for i in ids)]
     done = {(name, i) for name, ids in whole for i in ids}
-    (out / "dialogues.jsonl").write_text("".join(line + "\n" for key, line in written.items() if key in done))
-    turns = [line for line, row in valid_lines(out / "turns.jsonl") if (row["crs"], row["dialogue"]) in done]
+    # a recommender this run leaves out keeps its dialogues as they are (named again later, it resumes)
+    ours = {name for _, name, _ in chunks}
+    kept = lambda key: key in done or key[0] not in ours  # noqa: E731
+    (out / "dialogues.jsonl").write_text("".join(line + "\n" for key, line in written.items() if kept(key)))
+    turns = [line for line, row in valid_lines(out / "turns.jsonl") if kept((row["crs"], row["dialogue"]))]
     (out / "turns.jsonl").write_text("".join(line + "\n" for line in turns))
     return done
 
@@ -224,7 +227,7 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
 
 
 def summarise(out: Path, config, report: dict) -> dict:
-    dialogues = read_jsonl(out / "dialogues.jsonl")
+    dialogues = [d for d in read_jsonl(out / "dialogues.jsonl") if d["crs"] in config.crs]  # this run's
     counts = Counter()
     for dialogue in dialogues:
         counts.update(dialogue.get("chunk_counts", {}))

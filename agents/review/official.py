@@ -184,9 +184,10 @@ class Batcher:
         self.pending: list[dict] = []
         self.running = 0  # workflows that may still call the LLM
         self.abandoned: set[int] = set()  # threads past their timeout: their calls are refused
-        # per thread, the seconds its calls waited while the backend served other calls: not the task's
-        # own time, so not counted against its timeout
+        # per thread, the seconds its calls waited while the backend served other calls (not the task's
+        # own time, so not counted against its timeout), and since when a call of it is waiting now
         self.queued: Counter = Counter()
+        self.waiting_since: dict[int, float] = {}
         self.calls, self.batches = 0, 0
         threading.Thread(target=self.serve, daemon=True, name="llm-batcher").start()
 
@@ -212,6 +213,7 @@ class Batcher:
                 "thread": threading.get_ident(), "asked": time.monotonic()}  # fmt: skip
         with self.cond:
             self.pending.append(slot)
+            self.waiting_since[slot["thread"]] = slot["asked"]
             self.cond.notify_all()
         slot["done"].wait()
         if "error" in slot:
@@ -229,16 +231,30 @@ class Batcher:
                 key = (slot["sampling"].max_new_tokens, slot["sampling"].temperature)
                 groups.setdefault(key, []).append(slot)
             for slots in groups.values():
-                now = time.monotonic()
-                with self.cond:
-                    for s in slots:  # waited behind other calls (and the batching window) until now
-                        self.queued[s["thread"]] += now - s["asked"]
                 self.calls += len(slots)
                 self.answer(slots)
 
+    def own(self, slots: list[dict]) -> None:
+        """These calls go to the backend now: the time they waited behind other calls (and the batching
+        window) is credited to their threads, and their waiting ends."""
+        now = time.monotonic()
+        with self.cond:
+            for s in slots:
+                since = self.waiting_since.pop(s["thread"], None)
+                if since is not None:
+                    self.queued[s["thread"]] += now - since
+
+    def queued_now(self, thread: int) -> float:
+        """The seconds a thread's calls have waited for other calls so far, a wait in progress included."""
+        with self.cond:
+            since = self.waiting_since.get(thread)
+            return self.queued[thread] + (time.monotonic() - since if since is not None else 0.0)
+
     def answer(self, slots: list[dict]) -> None:
         """One batch to the backend. If it fails, each call is tried alone, so one bad call (a prompt
-        longer than the model's window) fails only its own workflow."""
+        longer than the model's window) fails only its own workflow; while one is retried, the others
+        wait (not their own time)."""
+        self.own(slots)
         sampling = slots[0]["sampling"]
         conversations = [s["messages"] for s in slots for _ in range(s["n"])]
         self.batches += 1
@@ -246,6 +262,10 @@ class Batcher:
             answers = self.backend.generate(conversations, replace(sampling, seed=self.seed + self.batches))
         except Exception as error:
             if len(slots) > 1:
+                now = time.monotonic()
+                with self.cond:
+                    for s in slots:
+                        self.waiting_since[s["thread"]] = now
                 for s in slots:
                     self.answer([s])
                 return
@@ -347,6 +367,7 @@ class ChatClient:
                 f"chat.completions.create: not supported by the project's backend: {sorted(other)}"
             )
         stops = [stop] if isinstance(stop, str) else stop
+        n = int(n or 1)
         texts = self.llm(messages, model, temperature, max_tokens or 500, stops, n)
         texts = [texts] if n == 1 else texts
         return ChatCompletion.model_validate(
@@ -402,8 +423,10 @@ class OfficialAgentRunner:
 
     def workflow(self, task: dict, result: dict) -> None:
         """One task in its own thread: the official Simulator's steps; the outcome into ``result``."""
-        with self.batcher.cond:  # a thread id can be reused: this task's queued time starts at zero
+        with self.batcher.cond:  # a thread id can be reused: this task starts with no wait and no refusal
             self.batcher.queued[threading.get_ident()] = 0.0
+            self.batcher.waiting_since.pop(threading.get_ident(), None)
+            self.batcher.abandoned.discard(threading.get_ident())
         try:
             before = None if self.config.visibility == "official" else task["ts"]
             agent = self.agent_class(llm=self.llm)
@@ -430,8 +453,7 @@ class OfficialAgentRunner:
         while alive := [k for k, t in enumerate(threads) if t.is_alive() and t not in late]:
             now = time.monotonic()
             for k in alive:
-                with self.batcher.cond:
-                    queued = self.batcher.queued[threads[k].ident]
+                queued = self.batcher.queued_now(threads[k].ident)
                 if now - started[threads[k]] - queued > self.config.agent_timeout_s:
                     late.add(threads[k])
                     self.batcher.stopped(results[k], threads[k])  # abandoned: its calls are refused
