@@ -660,8 +660,8 @@ def test_qlora_under_an_accelerate_zero3_launch_is_refused_before_anything_loads
 def test_the_first_process_downloads_and_builds_the_caches_before_the_others(
     tmp_path, tiny_model, amazon_pairs, monkeypatch
 ):
-    """The tokenizer, the datasets and the base model load inside main_process_first (global: shared
-    storage), so the other ranks read what the first one wrote."""
+    """The tokenizer, the datasets and the base model's download run inside main_process_first (global:
+    shared storage), so the other ranks read what the first one wrote; the model loads on every rank."""
     import contextlib
 
     from transformers import TrainingArguments
@@ -675,10 +675,20 @@ def test_the_first_process_downloads_and_builds_the_caches_before_the_others(
         inside.pop()
 
     monkeypatch.setattr(TrainingArguments, "main_process_first", first)
-    for name in ("load_pairs", "load_model"):
+    for name in ("load_pairs", "fetch_model", "load_model"):
         real = getattr(sft, name)
         monkeypatch.setattr(
             sft, name, lambda *a, _real=real, _name=name: events.append((_name, list(inside))) or _real(*a)
         )
     sft.build_trainer(["--config", str(recipe(tmp_path, tiny_model, amazon_pairs))])
-    assert events == [("load_pairs", [False]), ("load_model", [False])]
+    # the download under the first process; the loading on every process (collective under ZeRO-3)
+    assert events == [("load_pairs", [False]), ("fetch_model", [False]), ("load_model", [])]
+    fetched = []
+    monkeypatch.setattr(
+        "huggingface_hub.snapshot_download", lambda *a, **k: fetched.append((a, k)) or "/snap"
+    )
+    assert sft.fetch_model(str(tiny_model), None) is None and not fetched  # a local folder: nothing to fetch
+    assert sft.fetch_model("Qwen/Qwen2.5-7B-Instruct", "main") == "/snap"
+    assert (
+        fetched[0][0] == ("Qwen/Qwen2.5-7B-Instruct",) and "*.safetensors" in fetched[0][1]["allow_patterns"]
+    )

@@ -766,6 +766,17 @@ def load_model(base: str, model_args, training_args):
     return AutoModelForCausalLM.from_pretrained(base, **init)
 
 
+def fetch_model(base: str, revision: str | None) -> str | None:
+    """The base model's files into the local Hugging Face cache (a hub id; a local folder needs nothing):
+    the weights, config and tokenizer files, not other formats. Returns the snapshot folder, or None."""
+    if Path(base).exists():
+        return None
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "tokenizer*"]
+    return snapshot_download(base, revision=revision, allow_patterns=patterns)
+
+
 def reentrant_checkpointing_for_zero3(training_args, model_args) -> bool:
     """PEFT + DeepSpeed ZeRO-3 + activation checkpointing needs reentrant checkpointing (otherwise:
     "Recomputed values ... have different metadata"). TRL 1.16 asks for it in the deprecated
@@ -829,8 +840,11 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     check_supervision(data["train"], tokenizer, training_args.max_length)
 
     # -- model -----------------------------------------------------------------------------------------
-    with training_args.main_process_first(local=False, desc="the base model's weights"):
-        model = load_model(base, model_args, training_args)
+    # the first process downloads the weights while the others wait; then every process loads them
+    # (under ZeRO-3 loading is itself collective: no process may load while the others wait)
+    with training_args.main_process_first(local=False, desc="the base model's files"):
+        fetch_model(base, model_args.model_revision)
+    model = load_model(base, model_args, training_args)
     reentrant_checkpointing_for_zero3(training_args, model_args)
     sampler = SampleGenerations(
         tokenizer,
