@@ -6,24 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from data_prep.io import read_jsonl, valid_lines, write_atomic  # noqa: F401 (read here by the runners)
+from data_prep.io import append_to, drop_cut_line, read_jsonl, valid_lines, write_atomic  # noqa: F401 (the runners read them here)
 
 
 def write_json(path: Path, value) -> None:
     """Atomically and durably (data_prep.io.write_atomic): a kill never leaves half a checkpoint."""
     write_atomic(path, json.dumps(value))
-
-
-def drop_cut_line(path: Path) -> bytes:
-    """A JSON-lines file's bytes without a last line that lacks its newline (cut by a kill mid-write;
-    the file is rewritten without it, so lines appended next start clean). b"" for no file."""
-    if not path.exists():
-        return b""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        data = data[: data.rfind(b"\n") + 1]
-        path.write_bytes(data)
-    return data
 
 
 def json_lines(path: Path):

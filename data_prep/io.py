@@ -102,3 +102,23 @@ def valid_lines(path: str | Path) -> list[tuple[str, dict]]:
 def read_jsonl(path: str | Path) -> list[dict]:
     """The values of a JSON-lines file's lines (see valid_lines)."""
     return [value for _, value in valid_lines(path)]
+
+
+def drop_cut_line(path: str | Path) -> bytes:
+    """A JSON-lines file's bytes without a last line that lacks its newline (cut by a kill mid-write;
+    the file is rewritten without it, so lines appended next start clean). b"" for no file."""
+    path = Path(path)
+    if not path.exists():
+        return b""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        path.write_bytes(data)
+    return data
+
+
+def append_to(path: str | Path):
+    """A JSON-lines file opened for appending, a last line cut by a kill dropped first (drop_cut_line),
+    so the next line does not run on from half a line and damage the file in its middle."""
+    drop_cut_line(path)
+    return open(path, "a", encoding="utf-8")  # noqa: SIM115 (the caller's with-block closes it)

@@ -106,3 +106,13 @@ def test_one_json_lines_reader_leaves_out_a_cut_last_line_and_names_a_damaged_on
     path.write_text('{"a": 1}\nnot json\n{"a": 3}\n')  # damage in the middle is not a shorter file
     with pytest.raises(ValueError, match="turns.jsonl line 2"):
         read_jsonl(path)
+
+
+def test_appending_after_a_cut_line_starts_a_clean_line(tmp_path):
+    from data_prep.io import append_to, read_jsonl
+
+    path = tmp_path / "errors.jsonl"
+    path.write_text('{"task_id": 1}\n{"task_id": 2, "err')  # a kill mid-write
+    with append_to(path) as handle:
+        handle.write('{"task_id": 3}\n')
+    assert read_jsonl(path) == [{"task_id": 1}, {"task_id": 3}]

@@ -78,7 +78,12 @@ QUANTIZED_WITH_ZERO3 = (
 
 
 def recipe_flag(recipe: str | Path | None, flags: list[str], name: str) -> bool:
-    """A boolean setting as train.sft will see it: a flag over the recipe (false when neither says)."""
+    """A boolean setting as train.sft will see it: a flag over the recipe (false when neither says). A
+    bare ``--name`` (no value, or another flag next) is true, as the training parser reads it."""
+    for i, flag in enumerate(flags):
+        bare = flag.startswith("--") and "=" not in flag and flag.lstrip("-").replace("-", "_") == name
+        if bare and (i + 1 == len(flags) or flags[i + 1].startswith("--")):
+            return True
     value = flag_value(flags, name)
     if value is None and recipe is not None:
         value = (yaml.safe_load(Path(recipe).read_text()) or {}).get(name, False)
@@ -90,11 +95,18 @@ def quantized(recipe: str | Path | None, flags: list[str]) -> bool:
 
 
 def zero_stage(accelerate_config: str | Path) -> int | None:
-    """The DeepSpeed ZeRO stage an accelerate config asks for; None when it is not DeepSpeed."""
+    """The DeepSpeed ZeRO stage an accelerate config asks for (inline, or in the DeepSpeed JSON file it
+    names); None when it is not DeepSpeed."""
+    import json
+
     config = yaml.safe_load(Path(accelerate_config).read_text()) or {}
     if config.get("distributed_type") != "DEEPSPEED":
         return None
-    return int((config.get("deepspeed_config") or {}).get("zero_stage", 0))
+    deepspeed = config.get("deepspeed_config") or {}
+    if deepspeed.get("deepspeed_config_file"):
+        path = Path(deepspeed["deepspeed_config_file"])
+        return int(json.loads(path.read_text()).get("zero_optimization", {}).get("stage", 0))
+    return int(deepspeed.get("zero_stage", 0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,6 +107,7 @@ def refuse_quantized_under_zero3(argv: list[str] | None) -> None:
         return
     argv = list(sys.argv[1:] if argv is None else argv)
     recipe = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+    recipe = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), recipe)
     if quantized(recipe, argv):
         raise SystemExit(f"error: {QUANTIZED_WITH_ZERO3}")
 

@@ -41,6 +41,7 @@ from agents.llm import EXECUTION_FIELDS
 from agents.plugins import PluginError
 from agents.runs import Lock, json_lines, read_jsonl, valid_lines, write_json
 from data_prep import fingerprint
+from data_prep.io import append_to
 from data_prep.provenance import provenance
 
 TASKS = {  # the settings' task types (RecLLMSim's templates)
@@ -325,9 +326,9 @@ def run(args, backend=None, crs_backend=None) -> dict:
                         chunk_counts[f"crs_errors:{name}:{reply['error'].split(':')[0]}"] += 1
                 chunk_counts = +chunk_counts  # zeros left out
                 dialogues[0]["chunk_counts"] = dict(chunk_counts)  # summed by summarise: resume-proof
-                with open(out / "turns.jsonl", "a") as handle:
+                with append_to(out / "turns.jsonl") as handle:
                     handle.writelines(json.dumps(t, ensure_ascii=False) + "\n" for t in turns)
-                with open(out / "dialogues.jsonl", "a") as handle:  # written last: the chunk is done
+                with append_to(out / "dialogues.jsonl") as handle:  # written last: the chunk is done
                     handle.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in dialogues)
         except KeyboardInterrupt:
             print("\nstopped; rerun the same command to resume", file=sys.stderr)

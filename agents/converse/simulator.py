@@ -335,7 +335,9 @@ class UserSimulator:
                 if agenda[i][1]:
                     user.stated.add(agenda[i][1])
             streak = 0
-            by_fit = self.config.rating.patience_from == "fit" and user.persona.goal
+            # a goal's measured fits, once a recommendation was known (a CRS whose places are not known:
+            # the ratings, as for a persona without a goal)
+            by_fit = self.config.rating.patience_from == "fit" and user.persona.goal and user.fits
             for score in reversed(user.fits if by_fit else user.scores):
                 if score >= self.config.rating.unhappy_below:
                     break

@@ -53,6 +53,7 @@ from pathlib import Path
 from agents.llm import Answer, Sampling, load_llm
 from agents.plugins import PluginError, describe, load_class
 from agents.review.agent import AgentConfig, Prediction, ReviewAgent, usable
+from data_prep.io import append_to
 
 FAILURES = "agent_failures.jsonl"
 
@@ -461,7 +462,7 @@ class OfficialAgentRunner:
         with self.lock:  # abandoned workflows may still read the store
             fallbacks = self.fallback.predict(tasks)
         out = []
-        with open(self.out / FAILURES, "a") as failures:
+        with append_to(self.out / FAILURES) as failures:
             for task, result, thread, fallback in zip(tasks, results, threads, fallbacks, strict=True):
                 if thread in late:
                     reason, detail = (

@@ -50,6 +50,7 @@ from agents.review.agent import (
 from agents.review.select import chosen_for, option_name, read_rule
 from agents.runs import Lock, drop_cut_line, read_jsonl
 from data_prep import fingerprint
+from data_prep.io import append_to
 from data_prep.provenance import provenance
 from data_prep.schema import format_utc
 from data_prep.store import ReviewStore
@@ -370,7 +371,7 @@ def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dic
     else:
         agent = ReviewAgent(agent_config, llm_config, store, encoder)
     (out / "star_model.json").write_text(json.dumps(agent.stars.report, indent=2, default=str))
-    with open(out / "invocations.jsonl", "a") as log:
+    with append_to(out / "invocations.jsonl") as log:
         record = {
             "started_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "tasks_to_run": len(todo),
@@ -378,8 +379,8 @@ def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dic
         }
         log.write(json.dumps(record) + "\n")
     with (
-        open(out / "predictions.jsonl", "a") as sink,
-        open(out / "errors.jsonl", "a") as error_sink,
+        append_to(out / "predictions.jsonl") as sink,
+        append_to(out / "errors.jsonl") as error_sink,
         tqdm(total=len(todo), desc=agent_config.kind, unit=" tasks") as bar,
     ):
         for start in range(0, len(todo), agent_config.batch_size):
@@ -409,8 +410,13 @@ def run_tasks(agent_config, llm_config, store, args, todo: list[dict], done: dic
 
 def check_complete(shards: list[str], specs: dict[str, str | None]) -> None:
     """Every shard of the run is there and finished: shards 0..N-1 of one count N (each shard's
-    fingerprint says which it is), each with the summary.json its finished run writes. Otherwise an
-    error naming the missing and unfinished shards (nothing is merged)."""
+    fingerprint says which it is), each with the summary.json its finished run writes and none held by a
+    run in progress. Otherwise an error naming the missing, unfinished or running shards (nothing is
+    merged)."""
+    for shard in shards:  # a shard still running (rerun after it first finished) holds its folder
+        if Path(shard).is_dir():
+            with Lock(Path(shard)):
+                pass
     found = {shard: spec for shard, spec in specs.items() if spec}
     counts = {spec.split("/")[1] for spec in found.values()}
     if len(counts) > 1:

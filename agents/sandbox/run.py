@@ -60,7 +60,7 @@ from agents.sandbox.profiles import (
 from agents.sandbox.social import generate_graph, load_edges
 from agents.sandbox.world import World
 from data_prep import fingerprint, movielens
-from data_prep.io import write_atomic
+from data_prep.io import append_to, write_atomic
 from data_prep.movielens import day, parse_moment
 from data_prep.provenance import provenance
 
@@ -350,9 +350,9 @@ def play_round(out: Path, world: World) -> tuple[list[dict], dict]:
     """One round, its interactions and statistics appended, then the checkpoint (the CLI and the web
     page both run rounds through here)."""
     events, stats = world.step()
-    with open(out / "interactions.jsonl", "a") as handle:
+    with append_to(out / "interactions.jsonl") as handle:
         handle.writelines(json.dumps(e) + "\n" for e in events)
-    with open(out / "stats.jsonl", "a") as handle:
+    with append_to(out / "stats.jsonl") as handle:
         handle.write(json.dumps(stats) + "\n")
     state = world.state()
     write_json(out / "checkpoint.json", state)
@@ -504,7 +504,7 @@ def interview(world: World, agent: str, question: str) -> dict:
 
 
 def log_intervention(out: Path, record: dict) -> None:
-    with open(out / "interventions.jsonl", "a") as handle:
+    with append_to(out / "interventions.jsonl") as handle:
         handle.write(json.dumps(record) + "\n")
 
 

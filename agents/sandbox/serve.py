@@ -210,11 +210,15 @@ def allowed_hosts(host: str, extra: list[str] = ()) -> set[str]:
     """The names a page bound to ``host`` may be reached by: the local names, the bound address (for a
     wildcard, this machine's names) and any given. Another Host header is refused (DNS rebinding: a web
     page elsewhere that points its own name at this address)."""
+    import contextlib
     import socket
 
     names = {"127.0.0.1", "localhost", "[::1]", *(n.lower() for n in extra)}
     if host in ("0.0.0.0", "::"):
-        names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+        hostname = socket.gethostname()
+        names |= {hostname.lower(), socket.getfqdn().lower()}
+        with contextlib.suppress(OSError):  # the machine's own addresses, as a browser types them
+            names |= set(socket.gethostbyname_ex(hostname)[2])
     elif host not in LOCAL_HOSTS:
         names.add(f"[{host}]" if ":" in host else host.lower())
     return names
@@ -493,7 +497,10 @@ def main(argv: list[str] | None = None) -> None:
             args.token, made = secrets.token_urlsafe(24), True
     app, _, _ = serve_app(args)
     shown = args.token if made else "(SANDBOX_TOKEN)"  # a made token is shown once, here; never logged
-    print(f"the sandbox page: http://{args.host}:{args.port}/" + (f"#token={shown}" if args.token else ""))
+    import socket
+
+    where = socket.getfqdn() if args.host in ("0.0.0.0", "::") else args.host  # a name the Host check allows
+    print(f"the sandbox page: http://{where}:{args.port}/" + (f"#token={shown}" if args.token else ""))
     uvicorn.run(app, host=args.host, port=args.port, access_log=False, log_level="warning")
 
 

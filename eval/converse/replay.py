@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from agents.stats import holm_rows
 from data_prep import recllmsim
+from data_prep.io import append_to
 from eval.converse.common import KEYS
 
 QUESTIONNAIRE = {
@@ -132,7 +133,7 @@ def questionnaire_answers(
     todo = [k for k, c in enumerate(convs) if c.file not in done]
     if done:
         print(f"resuming: {len(done)} questionnaires answered, {len(todo)} to go")
-    with open(path, "a") as sink:
+    with append_to(path) as sink:
         for start in tqdm(range(0, len(todo), 32), desc="questionnaires", unit=" x32"):
             chunk = todo[start : start + 32]
             for k, answer in zip(chunk, simulator.questionnaire([recorded[k] for k in chunk]), strict=True):
