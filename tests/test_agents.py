@@ -633,6 +633,12 @@ def test_shards_cover_every_task_once_and_merge(yelp_store, yelp_tasks, tmp_path
     with pytest.raises(SystemExit, match="unfinished .*shard_1"):
         simulate.main(["--out", str(tmp_path / "some"), "--tasks", str(yelp_tasks), "--merge", *shards])
     (tmp_path / "kept.json").rename(Path(shards[1]) / "summary.json")
+    from agents.runs import Lock
+
+    with Lock(Path(shards[2])), pytest.raises(SystemExit, match="shard_2 is held by another process"):
+        simulate.main(
+            ["--out", str(tmp_path / "some"), "--tasks", str(yelp_tasks), "--merge", *shards]
+        )  # still running
     with pytest.raises(SystemExit, match="two shards"):
         simulate.main(["--out", str(tmp_path / "twice"), "--merge", *shards, shards[0]])
     assert summary["visibility"] == "time-aware" and summary["predicted"] == 20

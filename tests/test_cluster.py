@@ -442,3 +442,38 @@ def test_qlora_under_zero3_is_refused_before_launch_naming_what_trains_it():
     result = sbatch("--dry-run", "--nodes", "2", qlora, env={"ACCELERATE_CONFIG": zero3})
     assert result.returncode == 2 and "configs/accelerate/fsdp.yaml" in result.stderr
     assert "would run on every node" not in result.stdout  # nothing launched
+
+
+def test_the_qlora_check_reads_a_bare_flag_and_a_deepspeed_json(tmp_path):
+    from train import batch
+
+    lora = "configs/sft/qwen2.5-7b_lora.yaml"
+    zero3 = "configs/accelerate/deepspeed_zero3.yaml"
+    assert (
+        batch.main(["--processes", "16", "--accelerate-config", zero3, lora, "--load_in_4bit"]) == 2
+    )  # bare: true
+    assert (
+        batch.main(["--processes", "16", "--accelerate-config", zero3, lora, "--load_in_4bit", "--seed", "1"])
+        == 2
+    )
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    launcher = tmp_path / "accelerate.yaml"
+    launcher.write_text(
+        yaml.safe_dump(
+            {"distributed_type": "DEEPSPEED", "deepspeed_config": {"deepspeed_config_file": str(ds)}}
+        )
+    )
+    assert (
+        batch.main(
+            ["--processes", "16", "--accelerate-config", str(launcher), "configs/sft/qwen2.5-7b_qlora.yaml"]
+        )
+        == 2
+    )
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    assert (
+        batch.main(
+            ["--processes", "16", "--accelerate-config", str(launcher), "configs/sft/qwen2.5-7b_qlora.yaml"]
+        )
+        == 0
+    )

@@ -354,3 +354,11 @@ def test_a_goal_persona_loses_patience_with_poor_places_not_with_poor_ratings(ra
     assert ending(close, awful, "fit") is None  # fit 3 of 5: not unhappy, whatever the ratings say
     assert ending(close, awful, "ratings") == "impatient"
     assert ending(far, great, "fit") == "impatient"
+    # a CRS whose places are not known (no ids, no name matched): no fit to read, so the ratings decide
+    config = load_config(None, ["max_turns=9", "personas=goals", "user_text=template"])
+    simulator = UserSimulator(config, Scripted(rating=awful), np.random.default_rng(0), catalogue)
+    user = User(persona)
+    simulator.step([user], [None])
+    for _ in range(3):
+        simulator.step([user], [Reply("Try a place I know.", None)])
+    assert user.fits == [] and user.ended == "impatient"
