@@ -13,8 +13,8 @@ the refinement tools; batched across the dialogues of a run.
   the user chooses ``end``, at ``max_turns``, or when satisfaction stays under ``unhappy_below`` for
   ``patience`` rated turns in a row (decisive people have less patience). For a persona with a
   catalogue goal that satisfaction is the measured fit of each recommendation (``rating.patience_from:
-  fit``, the default), so the dialogue's course does not depend on the rating LLM; ``ratings`` uses the
-  rated satisfaction. ``rating.enabled: false`` asks no rating at all (the objective figures alone).
+  fit``, the default; the ratings while no recommended place is known), so the dialogue's course does
+  not depend on the rating LLM; ``ratings`` uses the rated satisfaction. ``rating.enabled: false`` asks no rating at all (the objective figures alone).
 - **Response**: from the persona, the dialogue, the satisfaction in words and the chosen actions, in
   the persona's language pattern.
 - **Refinement**: each configured tool judges the message on its trait (a rule for message length;
