@@ -1,6 +1,7 @@
 """The cluster paths without a cluster: batch arithmetic, slurm/train.sbatch (dry run, and the real
 script with fake srun/scontrol on PATH), and the launcher configs."""
 
+import contextlib
 import json
 import os
 import re
@@ -246,7 +247,9 @@ def test_sandbox_job_stops_at_a_round_boundary_on_usr1_and_requeues(tmp_path, ra
                "activity.pareto_xmin=1", "recommender.kind=popularity"]  # fmt: skip
     log = tmp_path / "job.log"
     with open(log, "w") as sink:
-        job_process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        job_process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )  # its own process group: a failed test leaves no run or server behind
         try:
             deadline = time.monotonic() + 240
             while not ((out / "stats.jsonl").exists() and (out / "stats.jsonl").read_text().count("\n") >= 1):
@@ -256,7 +259,8 @@ def test_sandbox_job_stops_at_a_round_boundary_on_usr1_and_requeues(tmp_path, ra
             job_process.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@600 does before the limit
             job_process.wait(timeout=240)
         finally:
-            job_process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job_process.pid, signal.SIGKILL)
             (REPO_ROOT / "slurm" / "logs" / f"vllm-{job}.log").unlink(missing_ok=True)
     text = log.read_text()
     assert job_process.returncode == 0, text[-3000:]
