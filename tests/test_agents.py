@@ -8,12 +8,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from openai_fakes import ChatHandler
 
 from agents.encoders import packaged_minilm
 from agents.llm import (
@@ -56,7 +57,7 @@ def tasks_with_dates(task_dir):
 # -- the OpenAI-compatible backend against a real HTTP server on loopback ------------------------------
 
 
-class Scripted(BaseHTTPRequestHandler):
+class Scripted(ChatHandler):
     script: list[str] = []  # per request: "429", "500", "slow" or "ok"
     seen: list[str] = []
     bodies: list[dict] = []
@@ -65,7 +66,7 @@ class Scripted(BaseHTTPRequestHandler):
     top = [("4", -0.4), (" 4", -2.0), ("3", -1.5), ("Sure", -3.0)]  # the first token's top log-probabilities
 
     def do_POST(self):  # noqa: N802 (http.server's name)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.body()
         Scripted.seen.append(self.headers.get("Authorization", ""))
         Scripted.bodies.append(body)
         action = Scripted.script.pop(0) if Scripted.script else "ok"  # or "long": cut at max_tokens
@@ -103,15 +104,7 @@ class Scripted(BaseHTTPRequestHandler):
         if body.get("logprobs") and Scripted.logprobs:
             top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in Scripted.top]
             reply["choices"][0]["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(reply)
 
 
 @pytest.fixture

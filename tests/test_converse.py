@@ -908,17 +908,20 @@ def test_the_replay_runs_on_an_openai_compatible_server(raw, tmp_path, monkeypat
     server on loopback: the judgement comes as a JSON schema answer, each score from the first token's
     top_logprobs; the key travels from the environment."""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import ThreadingHTTPServer
+
+    from openai_fakes import ChatHandler, chat_completion
 
     from eval.converse import replay_check
 
     asked = []
 
-    class Served(BaseHTTPRequestHandler):
+    class Served(ChatHandler):
         def do_POST(self):  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = self.body()
             asked.append((self.headers.get("Authorization"), body))
-            choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": ""}}
+            reply = chat_completion(body["model"], "")
+            choice = reply["choices"][0]
             if body.get("logprobs"):  # a score: "4" most likely, "3" next
                 top = [
                     {"token": "4", "logprob": -0.2, "bytes": None},
@@ -930,22 +933,7 @@ def test_the_replay_runs_on_an_openai_compatible_server(raw, tmp_path, monkeypat
                 schema = body["response_format"]["json_schema"]["schema"]["properties"]
                 kinds = {"string": "a reply that answers", "boolean": False, "integer": 3}
                 choice["message"]["content"] = json.dumps({k: kinds[v["type"]] for k, v in schema.items()})
-            reply = {
-                "id": "x",
-                "object": "chat.completion",
-                "created": 0,
-                "model": body["model"],
-                "choices": [choice],
-            }
-            data = json.dumps(reply).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *a):
-            pass
+            self.send_json(reply)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Served)
     threading.Thread(target=server.serve_forever, daemon=True).start()

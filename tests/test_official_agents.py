@@ -511,27 +511,18 @@ def test_an_agent_on_the_official_modules_runs_on_an_openai_compatible_server(
 ):
     """The same agent file through the real openai backend, against a stand-in server on loopback that
     answers as ModulesLLM does; the key travels from the environment."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import ThreadingHTTPServer
+
+    from openai_fakes import ChatHandler, chat_completion
 
     seen = []
 
-    class Served(BaseHTTPRequestHandler):
+    class Served(ChatHandler):
         def do_POST(self):  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = self.body()
             seen.append(self.headers.get("Authorization"))
             (answer,) = ModulesLLM().generate([body["messages"]], None)
-            reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                     "choices": [{"index": 0, "finish_reason": "stop",
-                                  "message": {"role": "assistant", "content": answer.text}}]}  # fmt: skip
-            data = json.dumps(reply).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *a):
-            pass
+            self.send_json(chat_completion(body["model"], answer.text))
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Served)
     threading.Thread(target=server.serve_forever, daemon=True).start()
