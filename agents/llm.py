@@ -54,7 +54,7 @@ lists what each applies): callers ask only for what it has and record the rest.
 
 **Answer cache.** ``answer_cache: PATH`` (a SQLite file) keeps every greedy answer (temperature 0) a
 backend gives, so a second run asking the same backend the same conversation with the same settings
-gets the first run's answer instead of generating it again (eval.suite: ``tuned`` and ``tuned-mbr`` ask
+gets the first run's answer instead of generating it again (eval.review.suite: ``tuned`` and ``tuned-mbr`` ask
 the same greedy answers and blend stars). The key is everything the answer depends on: the backend's
 identity (backend, model, the model's files by name, size and time, from its folder or its snapshot
 in the local Hugging Face cache, the adapter's digest and its tokenizer files, device, adapter on or
@@ -512,7 +512,7 @@ def load_adapter(model, name: str, adapter: str):
         base = adapter_base(adapter)
         raise SystemExit(
             f"error: the adapter {adapter} does not fit {name}: it was trained on {base}. Give that model "
-            f"(model: in the agent config; eval.suite --set model={base})"
+            f"(model: in the agent config; eval.review.suite --set model={base})"
         ) from None
 
 

@@ -114,7 +114,7 @@ class Retriever:
         return [candidates[i] for i in top_indices(scores, k, tolerance=TIE)]
 
     def centroid_review(self, history: list[dict], item_reviews: list[dict]) -> dict | None:
-        """What the nearest-centroid baseline writes (eval.baselines): the item's review nearest the
+        """What the nearest-centroid baseline writes (eval.review.baselines): the item's review nearest the
         centroid of the user's reviews; for an item with no review, the user's own review nearest it
         (ties: the earlier in the list, i.e. the older); None without a user history."""
         best = self.nearest_centroid(history, item_reviews or history, 1)

@@ -1,10 +1,10 @@
-"""Entry point of the review simulator's runner, kept here for the Slurm scripts and the README; the
-code and its documentation are in agents/review/simulate.py.
+"""Moved: ``python -m agents.simulate`` is now ``python -m agents.review run`` (agents/review/cli.py).
+This name forwards for one release."""
 
-    python -m agents.simulate --config configs/agents/stats.yaml --data DATA --tasks TASKS --out RUN_DIR
-"""
+import sys
 
 from agents.review.simulate import main
 
 if __name__ == "__main__":
+    print("note: python -m agents.simulate is now python -m agents.review run", file=sys.stderr)
     main()

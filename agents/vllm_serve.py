@@ -53,7 +53,7 @@ def serve_command(
 
 
 def agent_flags(name: str, port: int, key_env: str) -> list[str]:
-    """What agents.simulate (or an agent config) needs to reach the served adapter."""
+    """What agents.review run (or an agent config) needs to reach the served adapter."""
     return [
         "--backend", "openai",
         "--base_url", f"http://127.0.0.1:{port}/v1",
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     flags = agent_flags(args.name, args.port, args.key_env)
     print(f"adapter {args.adapter}: base {found['base_model']}, LoRA rank {found['rank']}")
     print("serve:  " + shlex.join(command))
-    print("agents: python -m agents.simulate --config configs/agents/tuned.yaml ... " + shlex.join(flags))
+    print("agents: python -m agents.review run --config configs/review/tuned.yaml ... " + shlex.join(flags))
     if args.dry_run:
         return
     key = os.environ.get(args.key_env)

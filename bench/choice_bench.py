@@ -2,7 +2,7 @@
 
     python -m bench.choice_bench --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon --rounds 3
 
-The review agent's prompts (configs/agents/tuned.yaml's settings, 256 tokens, its adapter when it
+The review agent's prompts (configs/review/tuned.yaml's settings, 256 tokens, its adapter when it
 exists) on SmolLM2-135M on the CPU, three ways, in turn each round (the order alternating):
 
 - ``expected``: agents.llm.option_probs over "1".."5" after "stars: " (one forward pass per prompt);
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--tasks", type=Path, required=True)
-    parser.add_argument("--config", type=Path, default=Path("configs/agents/tuned.yaml"))
+    parser.add_argument("--config", type=Path, default=Path("configs/review/tuned.yaml"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--limit", type=int, default=32)
     args = parser.parse_args(argv)

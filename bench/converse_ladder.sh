@@ -25,5 +25,5 @@ SETTINGS=(data="$SHARED/recllmsim" catalogue="$SHARED/yelp_asc_sample/item_subse
     "plugins={web: {transport: http, target: 'http://127.0.0.1:$PORT/respond'}}")
 [ -n "${ADAPTER:-}" ] && SETTINGS+=("llm.adapter=$ADAPTER")
 [ "${RATINGS:-on}" = off ] && SETTINGS+=("rating.enabled=false")
-"$PY" -m agents.converse --config configs/converse/yelp.yaml --out "$OUT" --set "${SETTINGS[@]}"
+"$PY" -m agents.converse run --config configs/converse/yelp.yaml --out "$OUT" --set "${SETTINGS[@]}"
 "$PY" -m eval.converse --run "$OUT" --data "$SHARED/recllmsim" --out "$OUT/eval"

@@ -32,9 +32,9 @@ done
 for S in amazon yelp; do
     SMOLLM2="$Q/$S/suite_smollm2${TASKS#tasks}"
     GEMMA="$Q/$S/suite_gemma${TASKS#tasks}"
-    "$PY" -m eval.suite --kinds tuned --data "$Q/$S/data" --tasks "$Q/$S/$TASKS" --adapter "$Q/$S/sft_all" \
+    "$PY" -m eval.review.suite --kinds tuned --data "$Q/$S/data" --tasks "$Q/$S/$TASKS" --adapter "$Q/$S/sft_all" \
         --out "$SMOLLM2"
-    "$PY" -m eval.suite --kinds tuned --data "$Q/$S/data" --tasks "$Q/$S/$TASKS" --adapter "$Q/$S/sft_gemma" \
+    "$PY" -m eval.review.suite --kinds tuned --data "$Q/$S/data" --tasks "$Q/$S/$TASKS" --adapter "$Q/$S/sft_gemma" \
         --out "$GEMMA" --set model=gemma3-270m-offline
     "$PY" -m eval.review --compare "$SMOLLM2/eval/tuned/results.json" "$GEMMA/eval/tuned/results.json" \
         --names smollm2-demo gemma3-demo --out "$Q/$S/gemma_compare${TASKS#tasks}"

@@ -1,7 +1,7 @@
 """What the review prompts show at a budget: the training pairs and the tasks, counted alike.
 
     python -m bench.prompt_counts --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon \
-        runs/demo/tasks/amazon_validation --pairs runs/demo/pairs/amazon --config configs/agents/tuned.yaml
+        runs/demo/tasks/amazon_validation --pairs runs/demo/pairs/amazon --config configs/review/tuned.yaml
 
 For each task folder, the prompts the agent of ``--config`` builds (its k_user, k_item, user_reviews and
 prompt_tokens; the tokenizer of its model, no model loaded), counted by how many of the user's reviews
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--tasks", type=Path, nargs="+", required=True)
     parser.add_argument("--pairs", type=Path)
-    parser.add_argument("--config", type=Path, default=Path("configs/agents/tuned.yaml"))
+    parser.add_argument("--config", type=Path, default=Path("configs/review/tuned.yaml"))
     parser.add_argument("--choose-on", type=Path, help="validation tasks: latest or relevant user reviews")
     args = parser.parse_args(argv)
     config = yaml.safe_load(args.config.read_text())

@@ -18,7 +18,7 @@
 # 2. training pairs with both folders' pairs blocked (and, temporal, nothing from the test period), the
 #    demo recipe (configs/sft/smollm2_cpu.yaml, 50 steps) on them: sft_SPLIT;
 # 3. stats, stats-mbr, tuned and tuned-write with that adapter and the model-free baselines, stats-mbr's
-#    selection and tuned-write's utility chosen on val_SPLIT (eval.suite --validation): suite_SPLIT.
+#    selection and tuned-write's utility chosen on val_SPLIT (eval.review.suite --validation): suite_SPLIT.
 # Plus suite_50: the LLM agents without selection (asc-baseline, retrieval-llm, tuned) on the first 50
 # leave-last-out tasks. bench/quality_recipe.sh adds the CPU quality adapter's rows on both splits.
 # Each step resumes or skips finished work and redoes a run whose inputs changed (a new selection rule or
@@ -52,9 +52,9 @@ for SPLIT in $SPLITS; do
         --k-user 2 --k-item 1 --max-tokens 256
     "$PY" -m train.sft --config configs/sft/smollm2_cpu.yaml --pairs "$OUT/pairs_$SPLIT" \
         --output_dir "$OUT/sft_$SPLIT" --overwrite true
-    "$PY" -m eval.suite --kinds stats stats-mbr tuned tuned-write --data "$OUT/data" --tasks "$OUT/tasks_$SPLIT" \
+    "$PY" -m eval.review.suite --kinds stats stats-mbr tuned tuned-write --data "$OUT/data" --tasks "$OUT/tasks_$SPLIT" \
         --validation "$OUT/val_$SPLIT" --adapter "$OUT/sft_$SPLIT" --out "$OUT/suite_$SPLIT" --visibility "$VISIBILITY" --overwrite
 done
 [[ " $SPLITS " == *" all "* && "$PREP_ONLY" != 1 ]] || exit 0
-"$PY" -m eval.suite --kinds stats asc-baseline retrieval-llm tuned --data "$OUT/data" --tasks "$OUT/tasks_50" \
+"$PY" -m eval.review.suite --kinds stats asc-baseline retrieval-llm tuned --data "$OUT/data" --tasks "$OUT/tasks_50" \
     --adapter "$OUT/sft_all" --out "$OUT/suite_50" --visibility "$VISIBILITY" --overwrite

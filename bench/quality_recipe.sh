@@ -34,7 +34,7 @@ for SPLIT in $SPLITS; do
     "$PY" -m train.sft --config configs/sft/smollm2_cpu_quality.yaml --pairs "$Q/pairs_quality_$SPLIT" \
         --output_dir "$Q/sft_quality_$SPLIT" --overwrite true
     for S in $SAMPLES; do
-        "$PY" -m eval.suite --kinds stats stats-mbr tuned tuned-write --data "$Q/$S/data" --tasks "$Q/$S/tasks_$SPLIT" \
+        "$PY" -m eval.review.suite --kinds stats stats-mbr tuned tuned-write --data "$Q/$S/data" --tasks "$Q/$S/tasks_$SPLIT" \
             --validation "$Q/$S/val_$SPLIT" --adapter "$Q/sft_quality_$SPLIT" --out "$Q/$S/suite_quality_$SPLIT" \
             --max-new-tokens 128 --set k_user=4 k_item=2 prompt_tokens=512 --overwrite
     done

@@ -28,7 +28,7 @@ import numpy as np
 from agents.review.select import option_name
 from agents.stats import holm as holm_adjusted
 from eval.metrics import bca_interval, paired_bootstrap, per_task_scores
-from eval.review import per_task_terms
+from eval.review.score import per_task_terms
 
 SAMPLES = ("amazon", "yelp")
 SPLITS = {"all": "leave-last-out", "temporal": "temporal"}

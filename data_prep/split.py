@@ -19,14 +19,14 @@ Besides tasks/ and groundtruth/, writes ``targets.jsonl`` (each task's review_id
 what "strictly older than the target" means for retrieval and training pairs) and ``manifest.json``
 (strategy, seed, counts, the hash of the source data, the command).
 
-``--validation-for TASKS`` draws validation tasks for choosing settings (eval.selection) the way TASKS
+``--validation-for TASKS`` draws validation tasks for choosing settings (eval.review.selection) the way TASKS
 were drawn, from before them. Leave-last-out TASKS: for each of their users, the latest review strictly
 older than the user's task. Temporal TASKS: a temporal split of the reviews before TASKS's cutoff, at
 the latest day that leaves as many eligible targets as TASKS has (``--cutoff latest:N`` for N; the
 manifest says which day). Either way with at least --min-history older visible reviews. TASKS's pairs are hidden from the validation folder
 as its own are (blocked_pairs.json), and its manifest keeps TASKS's cutoff, so training pairs built
 with it as --tasks (data_prep.pairs) keep out both folders' targets and the test period. Both folders'
-manifests count the tasks whose item has no older visible review ("new items"), which eval.selection
+manifests count the tasks whose item has no older visible review ("new items"), which eval.review.selection
 and the star model treat as their own group.
 
 The official example ground truth is written by an LLM, not by the users: an import never copies it.
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict:
             "strategy": drawn_for.get("strategy"),
             "validation_cutoff": counts.get("validation_cutoff"),  # where its own period starts
             "cutoff_requested": args.cutoff,
-            "tasks_digest": task_folder_digest(args.validation_for),  # what eval.suite checks
+            "tasks_digest": task_folder_digest(args.validation_for),  # what eval.review.suite checks
         }
         if args.validation_for
         else None,

@@ -11,7 +11,7 @@ Per task, prediction (stars', text') against ground truth (stars, text):
 - overall = (PE + RG) / 2
 
 This follows the official ``websocietysimulator/tools/evaluation_tool.py``; it differs only in never
-truncating mismatched lists (callers align predictions to tasks first, see eval/predictions.py).
+truncating mismatched lists (callers align predictions to tasks first, see eval/review/predictions.py).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def compare_bars(names: list[str], results: list[dict], path: Path) -> None:
 
 def fidelity(true_stars, pred_stars, true_texts: list[str], pred_texts: list[str], path: Path) -> None:
     """The real and simulated populations side by side: star histograms and review lengths in words."""
-    from eval.fidelity import words
+    from eval.review.fidelity import words
 
     fig, (stars_ax, length_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
     bins = np.arange(-0.25, 5.5, 0.5)

@@ -12,7 +12,7 @@ import os
 import uuid
 from pathlib import Path
 
-from eval.predictions import summary_path
+from eval.review.predictions import summary_path
 
 DEFAULT_PROJECT = "usersim"
 MODES = ("off", "offline", "online")

@@ -7,7 +7,7 @@ train.sft calls it at step 0 (``eval_on_start``) and at every evaluation. It wri
 ``task_examples`` validation pairs (users held out from training, spread over the file), scores the
 stars and review with the offline evaluator (eval.scoring: PE, RG and overall, the stand-in scorers),
 and scores beside them, on the same pairs, the copy baseline: the item's older review nearest the
-centroid of the user's older reviews with the median of the user's older stars (eval.baselines'
+centroid of the user's older reviews with the median of the user's older stars (eval.review.baselines'
 nearest-centroid, time-aware: only reviews strictly older than the pair's target). An answer without
 readable stars gets the user's median stars and is counted (``unreadable``); its text is scored as
 written.

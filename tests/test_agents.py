@@ -34,7 +34,7 @@ from agents.review.stars import StarModel
 from data_prep.schema import format_utc
 from data_prep.store import ReviewStore, to_epoch
 from data_prep.tasks import read_targets, read_tasks
-from eval import baselines, suite
+from eval.review import baselines, suite
 
 
 @pytest.fixture(scope="module")
@@ -665,11 +665,11 @@ def test_a_second_review_run_into_the_same_folder_is_refused(yelp_store, yelp_ta
 def test_simulate_slurm_dry_run_prints_shard_and_merge():
     import subprocess
 
-    script = ["bash", "slurm/simulate.sbatch", "--dry-run", "configs/agents/tuned_qwen7b_vllm.yaml", "d", "t"]
+    script = ["bash", "slurm/simulate.sbatch", "--dry-run", "configs/review/tuned_qwen7b_vllm.yaml", "d", "t"]
     result = subprocess.run(script, capture_output=True, text=True, cwd=Path(__file__).parents[1], check=True)
     shard, merge = [line for line in result.stdout.splitlines() if not line.startswith("note:")]
     assert shard.startswith("shard 0/8: .venv-vllm/bin/python")  # a vllm config runs in the vLLM environment
-    assert "agents.simulate --config configs/agents/tuned_qwen7b_vllm.yaml --data d --tasks t" in shard
+    assert "agents.review run --config configs/review/tuned_qwen7b_vllm.yaml --data d --tasks t" in shard
     assert "--shard 0/8" in shard and "--out runs/sim/tuned_qwen7b_vllm/shard_0" in shard
     assert "--tasks t --merge runs/sim/tuned_qwen7b_vllm/shard_" in merge
 
@@ -680,12 +680,12 @@ def test_simulate_slurm_refuses_a_vllm_config_without_vllm_before_any_task_start
     repo = Path(__file__).parents[1]
     array = {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "2"}
     env = {**{k: v for k, v in os.environ.items() if k != "VENV"}, **array, "RUN_DIR": str(tmp_path / "run")}
-    vllm = ["bash", "slurm/simulate.sbatch", "configs/agents/tuned_qwen7b_vllm.yaml", "d", "t"]
+    vllm = ["bash", "slurm/simulate.sbatch", "configs/review/tuned_qwen7b_vllm.yaml", "d", "t"]
     for extra in ({}, {"VENV": str(Path(sys.executable).parents[1])}):  # the default, and an explicit .venv
         result = subprocess.run(vllm, cwd=repo, env={**env, **extra}, capture_output=True, text=True)
         assert result.returncode == 2, result.stderr
         assert "has no vLLM: build it with make vllm-env and submit with VENV=.venv-vllm" in result.stderr
-    hf_as_vllm = ["bash", "slurm/simulate.sbatch", "configs/agents/tuned.yaml", "d", "t", "--backend", "vllm"]
+    hf_as_vllm = ["bash", "slurm/simulate.sbatch", "configs/review/tuned.yaml", "d", "t", "--backend", "vllm"]
     result = subprocess.run(hf_as_vllm, cwd=repo, env=env, capture_output=True, text=True)
     assert result.returncode == 2 and "uses the vllm backend" in result.stderr  # the flag counts too
     assert not (tmp_path / "run").exists()  # refused before any shard folder or marker was made
@@ -1045,7 +1045,7 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
 def test_every_shipped_agent_config_parses():
     from trl import TrlParser
 
-    configs = sorted((Path(__file__).parents[1] / "configs" / "agents").glob("*.yaml"))
+    configs = sorted((Path(__file__).parents[1] / "configs" / "review").glob("*.yaml"))
     assert {p.stem for p in configs} >= {"stats", "asc-baseline", "retrieval-llm", "tuned"}
     for path in configs:
         parser = TrlParser((AgentConfig, simulate.LLMConfig, simulate.RunArguments))

@@ -2,7 +2,7 @@
 agents/, eval/ and bench/ that runs as ``python -m`` (a ``__main__`` block, or a package's
 ``__main__.py``), found by walking the tree, so a new one is covered without editing this file. They run
 as ``python -m`` runs them (runpy, sys.argv set), in this process. A help text with a stray % once made
-``python -m agents.simulate --help`` crash."""
+``python -m agents.review run --help`` crash."""
 
 import contextlib
 import io
@@ -30,8 +30,8 @@ def entry_points() -> list[str]:
 
 def test_the_walk_finds_the_entry_points_a_newcomer_is_told_about():
     found = set(entry_points())
-    for documented in ("data_prep.build", "train.sft", "agents.simulate", "agents.sandbox", "agents.converse",
-                       "eval.suite", "eval.converse", "agents.vllm_serve", "bench.quality_tables"):  # fmt: skip
+    for documented in ("data_prep.build", "train.sft", "agents.review", "agents.simulate", "agents.sandbox", "agents.converse",
+                       "eval.review.suite", "eval.converse", "agents.vllm_serve", "bench.quality_tables"):  # fmt: skip
         assert documented in found
     assert len(found) >= 40
 

@@ -5,9 +5,9 @@ import pytest
 
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
-from eval import baselines, review
 from eval.backends import build_scorers
-from eval.predictions import PredictionError, align
+from eval.review import baselines, score
+from eval.review.predictions import PredictionError, align
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def write_jsonl(path, rows):
 
 
 def run_eval(tasks, predictions, out, *extra):
-    return review.main(
+    return score.main(
         [
             "--tasks",
             str(tasks),
@@ -185,7 +185,7 @@ def test_compare_writes_table_and_chart(tasks, tmp_path, offline_scorers):
             tmp_path / f"{name}.jsonl", [{"task_id": i, "stars": stars, "review": "ok"} for i in range(30)]
         )
         run_eval(tasks, path, tmp_path / name)
-    table = review.main(
+    table = score.main(
         [
             "--compare",
             str(tmp_path / "low" / "results.json"),
@@ -206,7 +206,7 @@ def test_compare_writes_table_and_chart(tasks, tmp_path, offline_scorers):
     assert cells[0].startswith(f"{pe:+.4f} [") and pe != 0
     assert cells[1] == "+0.0000 [+0.0000, +0.0000]"
     run_eval(tasks, tmp_path / "high.jsonl", tmp_path / "high10", "--limit", "10")
-    other = review.main(
+    other = score.main(
         [
             "--compare",
             *(str(tmp_path / n / "results.json") for n in ("low", "high10")),
@@ -344,15 +344,15 @@ def test_tasks_whose_item_had_no_older_review_are_counted_and_scored_apart(
     assert results["counts"]["new_items"] == sum(new) > 0  # 3 of these 30 tasks
     by_group = results["breakdown"]
     assert (by_group["new_items"] or {}).get("n", 0) + by_group["items_with_history"]["n"] == 30
-    table = review.compare(
+    table = score.compare(
         [tmp_path / "eval" / "results.json"], ["previous-review"], tmp_path / "cmp", paired=False
     )
     assert f"| {sum(new) / 30:.0%} |" in table and "| new items |" in table
 
 
 def test_the_narrow_table_shows_each_runs_metric_and_fidelity_from_its_results(tmp_path):
-    """What a terminal shows (make demo, eval.suite): one row per run, the numbers read from its results."""
-    from eval.review import narrow
+    """What a terminal shows (make demo, eval.review.suite): one row per run, the numbers read from its results."""
+    from eval.review.score import narrow
 
     result = {"preference_estimation": 0.91234, "review_generation": 0.7, "overall": 0.80617,
               "fidelity": {"copied_share": 0.2, "distinct_2": 0.5844, "real_distinct_2": 0.877}}  # fmt: skip

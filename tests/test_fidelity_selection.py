@@ -12,8 +12,9 @@ from agents.review.agent import AgentConfig, ReviewAgent
 from agents.review.select import SentimentByStars, mbr_index, reselect
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_groundtruth, read_targets, read_tasks
-from eval import baselines, review, tracking
-from eval.fidelity import fidelity
+from eval import tracking
+from eval.review import baselines, score
+from eval.review.fidelity import fidelity
 
 
 def test_fidelity_figures_match_a_hand_computation():
@@ -145,7 +146,7 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
         if pool == "answer":
             assert p.chosen == 0
     assert agent.llm.calls == [0.0, 0.8]  # one greedy pass, one sampling pass per batch
-    # re-choosing offline from the kept pools (eval.selection) gives the agent's own choices
+    # re-choosing offline from the kept pools (eval.review.selection) gives the agent's own choices
     rows = [
         {"task_id": p.task_id, "stars": p.stars, "review": p.review, "candidates": p.candidates}
         for p in predictions
@@ -260,13 +261,13 @@ def test_review_eval_logs_to_wandb_offline_into_the_adapters_group(
     )
     assert tracking.target(tracking.adapter_of(predictions)) == {"project": "p1", "group": "sft-abc"}
     out = tmp_path / "eval"
-    results = review.main(["--tasks", str(tasks), "--predictions", str(predictions), "--out", str(out),
+    results = score.main(["--tasks", str(tasks), "--predictions", str(predictions), "--out", str(out),
                            "--data", str(yelp_store), "--wandb", "offline", "--device", "cpu"])  # fmt: skip
     assert results["fidelity"]["repeated_share"] == 1.0 and results["fidelity"]["copied_share"] is not None
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
     assert (out / "fidelity.png").read_bytes()[:4] == b"\x89PNG"
-    table = review.main(
+    table = score.main(
         ["--compare", str(out / "results.json"), "--names", "x", "--out", str(tmp_path / "cmp")]
     )
     assert "| x | 8 |" in table and "100.0%" in table  # repeated share shown

@@ -1,5 +1,5 @@
 """AgentSociety agents (files written for the official websocietysimulator package) run unchanged by
-agents.simulate --agent, against the project's store, with a scripted backend behind self.llm."""
+agents.review run --agent, against the project's store, with a scripted backend behind self.llm."""
 
 import hashlib
 import json
@@ -248,7 +248,7 @@ def test_the_batcher_answers_every_caller_with_its_own_answers_and_passes_on_err
 def test_the_suite_scores_a_plugged_agent_beside_the_shipped_ones(
     agent_file, backend, yelp_store, tasks, tmp_path
 ):
-    from eval import baselines, suite
+    from eval.review import baselines, suite
 
     table, agents, claims = suite.run_suite(
         yelp_store, tasks, tmp_path, adapter=None, kinds=("stats",), plugins=(f"{agent_file}:ReadsTheStore",)
@@ -394,7 +394,7 @@ def test_an_official_task_folder_without_targets_runs_and_is_not_scored(
 ):
     import shutil
 
-    from eval import review
+    from eval.review import score
 
     folder = tmp_path / "official_tasks"
     shutil.copytree(tasks / "tasks", folder / "tasks")  # what the challenge hands out: tasks alone
@@ -407,7 +407,7 @@ def test_an_official_task_folder_without_targets_runs_and_is_not_scored(
         summary["predicted"] == 12 and len(json.loads((tmp_path / "run" / "output.json").read_text())) == 12
     )
     with pytest.raises(SystemExit, match="nothing to score"):
-        review.main(
+        score.main(
             [
                 "--tasks",
                 str(folder),

@@ -13,7 +13,7 @@ from agents.sandbox.config import load_config
 from agents.sandbox.profiles import movielens_profiles
 from agents.sandbox.world import World, template_message
 from data_prep import movielens
-from eval.fidelity import repeats_ngram, words
+from eval.review.fidelity import repeats_ngram, words
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""How the MBR agents pick their review: chosen per group on validation tasks (eval.selection), the
+"""How the MBR agents pick their review: chosen per group on validation tasks (eval.review.selection), the
 nearest-centroid review always in the pool, the rule followed by the agent and fingerprinted."""
 
 import json
@@ -14,7 +14,7 @@ from agents.review.select import CENTROID, SIMILAR, choose, read_rule
 from data_prep import split
 from data_prep.store import ReviewStore
 from data_prep.tasks import read_targets, read_tasks
-from eval import baselines, selection, suite
+from eval.review import baselines, selection, suite
 
 
 def test_the_centroid_stays_unless_an_option_beats_it_by_a_paired_margin():
@@ -176,7 +176,7 @@ def test_the_suite_chooses_the_rule_on_validation_and_the_run_is_fingerprinted_b
     )
     # the rule decides the run: a changed rule refuses to resume the run made with the old one
     rule = out / "validation" / "stats-mbr" / "rule.json"
-    argv = ["--config", "configs/agents/stats-mbr.yaml", "--data", str(yelp_store), "--tasks", str(tasks)]
+    argv = ["--config", "configs/review/stats-mbr.yaml", "--data", str(yelp_store), "--tasks", str(tasks)]
     # a rule names what it was chosen with: another visibility (or agent, LLM, adapter, store) refuses it
     with pytest.raises(SystemExit, match="chosen on validation with another"):
         simulate.main([*argv, "--out", str(tmp_path / "other"), "--selection_rule", str(rule),

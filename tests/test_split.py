@@ -6,7 +6,7 @@ from conftest import write_lines
 from data_prep import build, split
 from data_prep.store import ReviewStore, to_epoch
 from data_prep.tasks import read_groundtruth, read_targets, read_tasks
-from eval.review import new_items
+from eval.review.score import new_items
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_temporal_split(yelp, tmp_path):
 def test_temporal_history_counts_only_reviews_that_stay_visible(tmp_path):
     """A user who reviewed an item before the cutoff and again after it: the earlier review belongs to
     a pair that becomes a task, so the block set hides it; it is no history (a task with no visible
-    older review used to make eval.suite stop)."""
+    older review used to make eval.review.suite stop)."""
 
     def review(rid, user, item, date, stars=4.0):
         return {

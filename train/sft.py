@@ -814,7 +814,7 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     resume = resume_point(training_args.resume_from_checkpoint, training_args.output_dir)
     run_id = stable_wandb_run_id(training_args.output_dir, inputs_digest)
     # the W&B project and group of this adapter, kept in its training card: the evaluations of the
-    # adapter (eval.review --wandb, eval.suite --wandb) log into the same group
+    # adapter (eval.review --wandb, eval.review.suite --wandb) log into the same group
     wandb_target = {
         "project": os.environ.get("WANDB_PROJECT", recipe.wandb_project),
         "group": os.environ.get("WANDB_RUN_GROUP", f"{Path(training_args.output_dir).name}-{run_id[:8]}"),

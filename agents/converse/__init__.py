@@ -1,2 +1,2 @@
 """The conversational user simulator (RecUserSim-style) and the recommenders it talks to: run with
-``python -m agents.converse`` (agents/converse/run.py)."""
+``python -m agents.converse run`` (agents/converse/cli.py)."""

@@ -1,5 +1,5 @@
-"""python -m agents.converse: see agents/converse/run.py."""
+"""python -m agents.converse: see agents/converse/cli.py."""
 
-from agents.converse.run import main
+from agents.converse.cli import main
 
 main()

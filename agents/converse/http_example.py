@@ -2,7 +2,7 @@
 you put your own CRS behind a URL (agents/converse/plugins.py has the protocol).
 
     python -m agents.converse.http_example --port 8000          # serves POST http://127.0.0.1:8000/respond
-    python -m agents.converse --config configs/converse/yelp.yaml --out RUN \\
+    python -m agents.converse run --config configs/converse/yelp.yaml --out RUN \\
         --set "crs=[random, web, oracle]" "plugins={web: {transport: http, target: 'http://127.0.0.1:8000/respond'}}"
 
 It keeps no state between calls (the whole dialogue comes with each one): it ranks the catalogue's

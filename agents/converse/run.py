@@ -1,8 +1,8 @@
 """Run the conversational user simulator against recommenders; resumable.
 
-    python -m agents.converse --config configs/converse/yelp.yaml --out runs/converse/demo
-    python -m agents.converse --config configs/converse/yelp.yaml --out RUN_DIR --set dialogues=40 max_turns=8
-    python -m agents.converse --config configs/converse/yelp.yaml --out RUN_DIR --ratings off   # objective only
+    python -m agents.converse run --config configs/converse/yelp.yaml --out runs/converse/demo
+    python -m agents.converse run --config configs/converse/yelp.yaml --out RUN_DIR --set dialogues=40 max_turns=8
+    python -m agents.converse run --config configs/converse/yelp.yaml --out RUN_DIR --ratings off   # objective only
 
 Personas are sampled once (RecLLMSim's dictionaries and priors, conflicts resolved by the LLM) and
 written to RUN_DIR/personas.json; every recommender in ``crs`` talks to the same personas, so their
@@ -340,7 +340,10 @@ def run(args, backend=None, crs_backend=None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m agents.converse", description=__doc__.splitlines()[0])
+    """``python -m agents.converse run``'s options (agents/converse/cli.py has the verbs)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m agents.converse run", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument(

@@ -1,6 +1,6 @@
 """The review agent: retrieval + an LLM through the shared prompt renderer + calibrated stars.
 
-Kinds (all runnable by config, see configs/agents/):
+Kinds (all runnable by config, see configs/review/):
 - ``stats``: no LLM. Calibrated stars; the review is the user's past review most similar to the item.
 - ``asc-baseline``: a re-creation of the official baseline agent's recipe: the user, the item and one
   similar review of the item, the base model, the LLM's own stars.
@@ -23,7 +23,7 @@ fallback answers. A prediction never has an empty review. Retries and fallbacks 
 ``selection: mbr`` (LLM agents): the review is chosen from a pool of candidates (the LLM's answer,
 ``samples`` sampled answers, ``candidates_user`` + ``candidates_item`` retrieved real reviews) by minimum
 Bayes risk under cheap stand-ins of the metric (agents.review.select), never with the ground truth;
-every prediction keeps its pool (texts, sources, VADER compounds), so eval.selection chooses the pool
+every prediction keeps its pool (texts, sources, VADER compounds), so eval.review.selection chooses the pool
 and weight per group on validation tasks without asking the LLM again (``selection_rule``). Under a
 selection rule, a task whose group's choice cannot use sampled answers (``centroid``, ``similar``,
 ``retrieved``, ``answer``) draws none: its prediction is the same, its pool holds no samples, and its
@@ -145,7 +145,7 @@ class AgentConfig:
         default_factory=lambda: {name: 1.0 for name in write.FEATURES},
         metadata={
             "help": "tuned-write: the weight of each utility feature (agents.review.write.FEATURES); a "
-            "selection_rule from eval.selection --utility overrides them"
+            "selection_rule from eval.review.selection --utility overrides them"
         },
     )
     constrained: bool = field(
@@ -206,7 +206,7 @@ class AgentConfig:
     selection_rule: str | None = field(
         default=None,
         metadata={
-            "help": "mbr: a JSON file of eval.selection (the pool and weight per group, new item or item "
+            "help": "mbr: a JSON file of eval.review.selection (the pool and weight per group, new item or item "
             "with history, chosen on validation tasks); overrides pool and sentiment_weight"
         },
     )
@@ -314,7 +314,7 @@ class ReviewAgent:
             )
         self.weights = write.check_weights(config.utility_weights)
         self.selection_rule = None
-        if config.selection_rule and self.writes:  # the weights chosen on validation (eval.selection)
+        if config.selection_rule and self.writes:  # the weights chosen on validation (eval.review.selection)
             self.weights = write.check_weights(json.loads(Path(config.selection_rule).read_text())["utility"])
         elif config.selection_rule:
             self.selection_rule = read_rule(config.selection_rule)
@@ -644,7 +644,7 @@ class ReviewAgent:
 
     def wants_samples(self, ctx: dict) -> bool:
         """Whether this task's pool draws sampled answers: always without a selection rule (the pools
-        are kept for eval.selection to re-choose from), under one only where its choice uses them."""
+        are kept for eval.review.selection to re-choose from), under one only where its choice uses them."""
         return self.selection_rule is None or uses_samples(self.rule(ctx)[0])
 
     def select(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:
@@ -698,7 +698,7 @@ class ReviewAgent:
     def choose_written(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:
         """tuned-write: each prediction's review is the one of highest utility (agents.review.write) among
         the model's greedy answer and its ``samples`` sampled ones, all written after the decided stars.
-        The pool is kept with every feature, so eval.selection --utility can choose the weights on
+        The pool is kept with every feature, so eval.review.selection --utility can choose the weights on
         validation without asking the model again."""
         drawn_for, cut_for = self.sample(contexts, [p.stars for p in predictions])
         pools = []

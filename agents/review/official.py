@@ -1,8 +1,8 @@
 """AgentSociety Challenge agents, run unchanged through this project's runner.
 
-    python -m agents.simulate --agent path/to/my_agent.py:MySimulationAgent \\
+    python -m agents.review run --agent path/to/my_agent.py:MySimulationAgent \\
         --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon --out runs/demo/sim/mine
-    python -m agents.simulate --agent my_package.agents:MySimulationAgent --config configs/agents/official.yaml ...
+    python -m agents.review run --agent my_package.agents:MySimulationAgent --config configs/review/official.yaml ...
 
 The agent is a file written for the official ``websocietysimulator`` package (make setup installs its
 core): a ``SimulationAgent`` subclass whose ``workflow()`` reads ``self.task`` ({"user_id", "item_id",

@@ -12,7 +12,7 @@ cos is on unit all-MiniLM-L6-v2 embeddings (the agent's retrieval encoder); the 
 for a number of stars is the mean over the store's reviews with those stars strictly older than the
 task (time-aware; all of them under official visibility), from ``SentimentByStars``. A pool of one is
 that one. Ties (risks within agents.retrieval.TIE) go to the earlier candidate (the pool's order:
-llm, samples, user, item), so the agent and eval.selection's re-choosing agree whatever the batching
+llm, samples, user, item), so the agent and eval.review.selection's re-choosing agree whatever the batching
 of the embeddings.
 
 A pool names the sources a review may be chosen from and the sources that serve as pseudo-references:
@@ -21,13 +21,13 @@ chooses a real review judged against every candidate (the LLM's texts only as ev
 ``generated-vs-all`` a generated one judged against every candidate. ``answer`` is the agent's own
 answer (the LLM's greedy one, or the retrieved review that stood in for it): the agent without selection,
 so one MBR run also scores the plain tuned agent. ``centroid`` is no MBR at all: the nearest-centroid
-baseline's review (eval.baselines), which every pool holds and marks (``"centroid": true``), and
+baseline's review (eval.review.baselines), which every pool holds and marks (``"centroid": true``), and
 ``similar`` the user's own past review most similar to the item (the first ``user`` candidate, with
 ``candidates_user`` >= 1: what the stats agent writes, up to float ties in the ranking), so a rule
-chosen on validation can always keep either model-free text (eval.selection). Neither has a sentiment
+chosen on validation can always keep either model-free text (eval.review.selection). Neither has a sentiment
 weight; for a user with no history neither has a review, and the LLM's answer stands (``empty_pool``).
 
-A selection rule (eval.selection writes it, ``selection_rule:`` in an agent config reads it) gives
+A selection rule (eval.review.selection writes it, ``selection_rule:`` in an agent config reads it) gives
 each group of tasks, ``new_item`` and ``item_with_history``, its own pool and sentiment weight.
 """
 
@@ -78,8 +78,8 @@ RULE_KEYS = ("agent", "llm", "adapter", "store")  # a run's fingerprint inputs a
 
 
 def chosen_for(inputs: dict) -> str:
-    """The digest of what a selection rule was chosen with (eval.selection records it from the
-    validation run's fingerprint; agents.simulate compares the run that reads it): the agent config
+    """The digest of what a selection rule was chosen with (eval.review.selection records it from the
+    validation run's fingerprint; agents.review run compares the run that reads it): the agent config
     (visibility included), the LLM settings, the adapter's digest and the store, not the tasks."""
     from data_prep.fingerprint import digest
 
@@ -87,7 +87,7 @@ def chosen_for(inputs: dict) -> str:
 
 
 def read_rule(path: str | Path) -> dict:
-    """A selection rule (eval.selection), checked: every group with a known pool, and a weight >= 0 for
+    """A selection rule (eval.review.selection), checked: every group with a known pool, and a weight >= 0 for
     each MBR pool."""
     rule = json.loads(Path(path).read_text())
     groups = rule.get("groups") if isinstance(rule, dict) else None

@@ -1,12 +1,12 @@
 """Run a review agent over evaluation tasks: batched, resumable, errors recorded per task.
 
-    python -m agents.simulate --config configs/agents/stats.yaml --data runs/demo/data/amazon \\
+    python -m agents.review run --config configs/review/stats.yaml --data runs/demo/data/amazon \\
         --tasks runs/demo/tasks/amazon --out runs/demo/sim/stats
-    python -m agents.simulate --config configs/agents/tuned.yaml ... --limit 50 --adapter runs/demo/sft/smollm2_lora
-    python -m agents.simulate --config configs/agents/stats.yaml ... --visibility official   # the leaderboard's
+    python -m agents.review run --config configs/review/tuned.yaml ... --limit 50 --adapter runs/demo/sft/smollm2_lora
+    python -m agents.review run --config configs/review/stats.yaml ... --visibility official   # the leaderboard's
     # a shard of a job array, then the merge (slurm/simulate.sbatch does both)
-    python -m agents.simulate --config ... --out runs/sim/x/shard_3 --shard 3/8
-    python -m agents.simulate --merge runs/sim/x/shard_* --out runs/sim/x --tasks runs/demo/tasks/amazon
+    python -m agents.review run --config ... --out runs/sim/x/shard_3 --shard 3/8
+    python -m agents.review run --merge runs/sim/x/shard_* --out runs/sim/x --tasks runs/demo/tasks/amazon
 
 RUN_DIR/predictions.jsonl gets one line per finished task as it finishes (its ids, stars, review, where
 the answer came from, this task's counts and seconds); a rerun skips finished tasks and never writes
@@ -160,7 +160,9 @@ def rule_choices(path: str | None) -> dict | None:
     if not path:
         return None
     rule = json.loads(Path(path).read_text())
-    if isinstance(rule, dict) and "utility" in rule:  # tuned-write's weights (eval.selection --utility)
+    if (
+        isinstance(rule, dict) and "utility" in rule
+    ):  # tuned-write's weights (eval.review.selection --utility)
         return {"utility": rule.get("chosen", "as written")}
     try:
         groups = read_rule(path)["groups"]
@@ -170,7 +172,7 @@ def rule_choices(path: str | None) -> dict | None:
 
 
 def check_rule(agent_config: AgentConfig, inputs: dict) -> None:
-    """A selection rule chosen by eval.selection names what it was chosen with (``chosen_for``): a run
+    """A selection rule chosen by eval.review.selection names what it was chosen with (``chosen_for``): a run
     with another agent config, visibility, LLM, adapter or store may not read it. A rule written by
     hand, without ``chosen_for``, is read as it is (the summary keeps it)."""
     if not agent_config.selection_rule:
@@ -180,7 +182,7 @@ def check_rule(agent_config: AgentConfig, inputs: dict) -> None:
         raise SystemExit(
             f"error: {agent_config.selection_rule} was chosen on validation with another agent config, "
             "visibility, LLM, adapter or store than this run's: choose it again with this run's settings "
-            "(eval.selection on this agent's validation run)"
+            "(eval.review.selection on this agent's validation run)"
         )
 
 
@@ -493,10 +495,24 @@ def merge_locked(shards: list[str], out: Path, task_dir: str | None) -> dict:
     return summary
 
 
+def moved_config(argv: list[str]) -> list[str]:
+    """A ``--config configs/agents/X.yaml`` that is gone read from configs/review/, with a note (the
+    review configs moved there; for one release)."""
+    argv = list(argv)
+    for i in range(len(argv) - 1):
+        if argv[i] == "--config" and "configs/agents/" in argv[i + 1] and not Path(argv[i + 1]).exists():
+            argv[i + 1] = argv[i + 1].replace("configs/agents/", "configs/review/")
+            print(
+                f"note: the review configs moved to configs/review/; reading {argv[i + 1]}", file=sys.stderr
+            )
+    return argv
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     from trl import TrlParser
 
     parser = TrlParser((AgentConfig, LLMConfig, RunArguments))
+    argv = moved_config(sys.argv[1:] if argv is None else argv)
     agent_config, llm_config, args = parser.parse_args_and_config(args=argv)
     if args.merge:
         return merge(args.merge, Path(args.out), args.tasks)

@@ -14,15 +14,15 @@ sampled ones). Each gets six features, higher is better:
 Cosines are on unit all-MiniLM-L6-v2 embeddings, the agent's retrieval encoder. A feature the task
 cannot have (no older review of the item) is 0 for every candidate, so it does not move the choice.
 The utility is the weighted sum; the weights come from the agent's config or from a rule chosen on
-validation tasks (eval.selection --utility). Ties go to the earlier candidate (the greedy answer first).
+validation tasks (eval.review.selection --utility). Ties go to the earlier candidate (the greedy answer first).
 
 Two checks come before the utility: a candidate that copies an older review (``copied``) or repeats a
 4-word span of its own (``loops``) is chosen only when every candidate is; both are kept with the pool
-and counted. A copy is one definition, shared with eval.fidelity (``copies``): a text of 8 words or more
+and counted. A copy is one definition, shared with eval.review.fidelity (``copies``): a text of 8 words or more
 that shares an 8-word span with a known review, or a shorter text equal (case and spacing aside) to one.
 The agent knows the older reviews of the user and the item for spans, and every review of the store
 written before the task's moment for short texts ("Great gift card." is a copy when someone wrote it
-before). eval.fidelity knows the whole store at any time, so it can count a copy the agent could not see.
+before). eval.review.fidelity knows the whole store at any time, so it can count a copy the agent could not see.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The sandbox's command line: ``python -m agents.sandbox run|edit|broadcast|interview|fork|compare|export``.
+"""The sandbox's command line: ``python -m agents.sandbox run|edit|broadcast|interview|fork|compare|export|evaluate``.
+
+    python -m agents.sandbox evaluate discrimination|generation|alignment ...   # eval/sandbox/, by name
 
 The commands and what a run folder holds: agents/sandbox/run.py (the run-folder library this calls),
 branches.py (fork, compare) and export.py (export). Kept apart from the library, so the library's
@@ -8,15 +10,32 @@ modules never import the command line and the command line imports them all.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from agents.sandbox.branches import compare, fork
 from agents.sandbox.export import export
 from agents.sandbox.run import __doc__ as RUN_DOC
 from agents.sandbox.run import intervene, run
+from agents.verbs import Verb, dispatch
+
+ANALYSES = {
+    "discrimination": Verb("pick the films a user watched next among distractors", module="eval.sandbox.discrimination"),
+    "generation": Verb("the films an agent reaches by browsing, with memory ablations", module="eval.sandbox.generation"),
+    "alignment": Verb("the agent's ratings of the films its user rated next", module="eval.sandbox.alignment"),
+}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["evaluate"]:  # the tests of eval/sandbox/, run through the simulator, named not imported
+        dispatch(
+            "python -m agents.sandbox evaluate",
+            "The sandbox's tests, run through the simulator.",
+            ANALYSES,
+            argv[1:],
+        )
+        return
     parser = argparse.ArgumentParser(prog="python -m agents.sandbox", description=RUN_DOC.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     go = sub.add_parser("run", help="run (or resume) a simulation")
@@ -60,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     leave.add_argument(
         "--with-impressions", action="store_true", help="also every item a page or search showed"
     )
+    sub.add_parser("evaluate", help="the sandbox's tests: evaluate discrimination|generation|alignment ...")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args)

@@ -1,7 +1,7 @@
 """An AgentSociety Challenge user-modelling agent, written for the official websocietysimulator package
 and run unchanged by this project (docs/bring_your_own.md):
 
-    python -m agents.simulate --agent docs/examples/agentsociety_agent.py:HistoryAgent \\
+    python -m agents.review run --agent docs/examples/agentsociety_agent.py:HistoryAgent \\
         --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon --out runs/byo/history_agent --limit 20
 
 It imports nothing from this project. Stars: the user's mean over the reviews the tool shows (time-aware

@@ -1,6 +1,6 @@
 """A conversational recommender of your own as a Python class (docs/bring_your_own.md):
 
-    python -m agents.converse --config configs/converse/yelp.yaml --out runs/byo/keyword_crs \\
+    python -m agents.converse run --config configs/converse/yelp.yaml --out runs/byo/keyword_crs \\
         --set "crs=[random, mine, oracle]" \\
         "plugins={mine: {transport: python, target: 'docs/examples/keyword_crs.py:KeywordCRS',
                          options: {catalogue: ../shared/data/raw/yelp_asc_sample/item_subset.json}}}"

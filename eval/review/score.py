@@ -16,7 +16,7 @@
 
 Writes OUT_DIR/results.json (PE, RG, overall, the three error terms, n, SIM/REAL and per-source
 breakdowns, counts, the visibility the predictions were made under (from their run's summary),
-provenance), the fidelity report (eval.fidelity: how the simulated reviews and stars compare with the
+provenance), the fidelity report (eval.review.fidelity: how the simulated reviews and stars compare with the
 real ones as populations), OUT_DIR/samples.jsonl (every per-task term) and three PNGs
 (star_confusion.png, text_errors.png, fidelity.png). Per-text model outputs are cached in $USERSIM_CACHE/scores.sqlite
 (keyed by the exact scorer and the text), so the ground truth is encoded once across runs (--no-cache).
@@ -43,9 +43,9 @@ from data_prep.provenance import provenance
 from data_prep.tasks import read_groundtruth, read_targets, read_tasks
 from eval import plots, tracking
 from eval.backends import build_scorers
-from eval.fidelity import fidelity
 from eval.metrics import paired_bootstrap
-from eval.predictions import PredictionError, align, read_predictions, run_visibility
+from eval.review.fidelity import fidelity
+from eval.review.predictions import PredictionError, align, read_predictions, run_visibility
 from eval.scoring import ScoreCache, emotion_dict, score_pairs, summarise
 
 PACKAGES = [
