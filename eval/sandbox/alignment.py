@@ -36,7 +36,6 @@ Writes OUT/results.json, OUT/table.md and OUT/distribution.png.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
@@ -45,6 +44,7 @@ import numpy as np
 from tqdm import tqdm
 
 from eval.metrics import bca_interval
+from eval.sandbox.cases import arguments
 
 STARS = [str(s) for s in range(1, 6)]
 NO_TUNED_ROW = (
@@ -462,22 +462,13 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m eval.sandbox.alignment", description=__doc__.splitlines()[0]
+    parser = arguments(
+        "eval.sandbox.alignment",
+        __doc__,
+        "a LoRA adapter trained on choice and rating pairs: adds the tuned rows",
     )
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--users", type=int, default=100)
-    parser.add_argument(
-        "--validation-users", type=int, default=50, help="their held-out ratings validate the blend"
-    )
-    parser.add_argument("--after", default="2010-01-01", help="held-out ratings at or after this date")
     parser.add_argument("--held", type=int, default=5, help="last ratings held out per user")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=[*METHODS, *TUNED])
-    parser.add_argument(
-        "--adapter", help="a LoRA adapter trained on choice and rating pairs: adds the tuned rows"
-    )
-    parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
     args = parser.parse_args(argv)
     run(
         args.config,

@@ -24,6 +24,7 @@ those and refuses (naming what changed) when the inputs differ (data, users, con
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import Counter
 from contextlib import nullcontext
@@ -58,6 +59,23 @@ def variants(adapter: str | None, ablations=tuple(ABLATIONS)) -> dict[str, tuple
     for name in ablations:
         out[f"{base}/{name}"] = ([*out[base][0], *ABLATIONS[name]], out[base][1])
     return out
+
+
+def arguments(module: str, doc: str, adapter_help: str) -> argparse.ArgumentParser:
+    """The command-line options every sandbox test shares; each test adds its own."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--users", type=int, default=100, help="tested users, drawn with the seed")
+    parser.add_argument(
+        "--validation-users", type=int, default=50, help="drawn apart from them, for choosing settings"
+    )
+    parser.add_argument(
+        "--after", default="2010-01-01", help="held-out ratings at or after this date (YYYY-MM-DD)"
+    )
+    parser.add_argument("--adapter", help=adapter_help)
+    parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
+    return parser
 
 
 def eligible_users(data, after: int, held: int, min_history: int) -> list[int]:

@@ -35,7 +35,6 @@ OUT/table.md and OUT/methods/ (each method's result as it finishes: a rerun resu
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
@@ -52,6 +51,7 @@ from eval.sandbox.cases import (
     AgentRow,
     Results,
     adapter_context,
+    arguments,
     check_adapter,
     config_read,
     data_digest,
@@ -569,24 +569,15 @@ def table(results: dict, methods: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m eval.sandbox.discrimination", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--users", type=int, default=100)
-    parser.add_argument("--validation-users", type=int, default=50)
-    parser.add_argument(
-        "--after", default="2010-01-01", help="held-out ratings at or after this date (YYYY-MM-DD)"
-    )
-    parser.add_argument(
-        "--adapter", help="a LoRA adapter from train.sft on data_prep.choice_pairs: the tuned rows"
+    parser = arguments(
+        "eval.sandbox.discrimination",
+        __doc__,
+        "a LoRA adapter from train.sft on data_prep.choice_pairs: the tuned rows",
     )
     all_methods = list(
         dict.fromkeys([*BASELINES, *variants("adapter", ABLATIONS_HERE), *variants(None, ABLATIONS_HERE)])
     )
     parser.add_argument("--methods", nargs="+", choices=all_methods, help="default: every one that can run")
-    parser.add_argument("--set", nargs="*", action="extend", default=[], help="config overrides")
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     run(

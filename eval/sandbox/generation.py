@@ -34,7 +34,6 @@ Writes OUT/results.json, OUT/table.md and OUT/methods/ (each method as it finish
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
@@ -48,6 +47,7 @@ from eval.sandbox.cases import (
     AgentRow,
     Results,
     adapter_context,
+    arguments,
     check_adapter,
     config_read,
     data_digest,
@@ -408,18 +408,8 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m eval.sandbox.generation", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--users", type=int, default=100)
-    parser.add_argument(
-        "--validation-users", type=int, default=50, help="drawn (and left out) as in the other tests"
-    )
-    parser.add_argument("--after", default="2010-01-01")
+    parser = arguments("eval.sandbox.generation", __doc__, "a LoRA adapter from train.sft: the tuned rows")
     parser.add_argument("--steps", type=int, default=HORIZON)
-    parser.add_argument("--adapter")
     names = list(dict.fromkeys([*BASELINES, *variants("adapter"), *variants(None)]))
     parser.add_argument("--methods", nargs="+", choices=[n for n in names if n != "agent-generate"])
     parser.add_argument(
@@ -427,7 +417,6 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         help="eval.sandbox.discrimination's results.json: each row's normalisation",
     )
-    parser.add_argument("--set", nargs="*", action="extend", default=[])
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     run(
