@@ -508,11 +508,30 @@ def moved_config(argv: list[str]) -> list[str]:
     return argv
 
 
+def set_flags(argv: list[str]) -> list[str]:
+    """``--set KEY=VALUE ...`` (the override form of the sandbox and the conversational simulator) as the
+    ``--KEY VALUE`` flags the review configs' parser reads; a malformed item is an error."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] != "--set":
+            out.append(argv[i])
+            i += 1
+            continue
+        i += 1
+        while i < len(argv) and not argv[i].startswith("--"):
+            key, equals, value = argv[i].partition("=")
+            if not (equals and key and value):
+                raise SystemExit(f"error: --set takes KEY=VALUE, got {argv[i]!r}")
+            out += [f"--{key}", value]
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     from trl import TrlParser
 
     parser = TrlParser((AgentConfig, LLMConfig, RunArguments))
-    argv = moved_config(sys.argv[1:] if argv is None else argv)
+    argv = set_flags(moved_config(sys.argv[1:] if argv is None else argv))
     agent_config, llm_config, args = parser.parse_args_and_config(args=argv)
     if args.merge:
         return merge(args.merge, Path(args.out), args.tasks)

@@ -401,11 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     extra = generation_args(args.batch_size, args.max_new_tokens)
-    for item in args.set:
-        key, equals, value = item.partition("=")
-        if not (equals and key and value):
-            parser.error(f"--set takes KEY=VALUE, got {item!r}")
-        extra += [f"--{key}", value]
+    extra += simulate.set_flags(["--set", *args.set]) if args.set else []
     run_suite(
         args.data,
         args.tasks,
