@@ -17,7 +17,7 @@ DEMO ?= runs/demo
 export GLIBC_TUNABLES ?= glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184
 export THP_MEM_ALLOC_ENABLE ?= 1
 
-.PHONY: setup test lint format demo bench clean vllm-env sandbox-demo sandbox-page converse-demo
+.PHONY: setup test test-fast lint format demo bench clean vllm-env sandbox-demo sandbox-page converse-demo
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# A developer's loop: every test not marked slow (no training runs, no long simulations).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -52,6 +52,6 @@ def dispatch(prog: str, description: str, verbs: dict[str, Verb], argv: list[str
         sys.exit(f"error: {prog}: unknown verb {name!r} (one of: {', '.join(verbs)})")
     verb = verbs[name]
     if verb.call is not None:
-        sys.argv = [f"{prog} {name}", *rest]  # the verb's own help names it
+        sys.argv = [prog, name, *rest]  # provenance records the command with its verb
         return verb.call(rest)
     return hand_over(verb.module, rest)

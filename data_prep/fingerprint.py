@@ -1,6 +1,6 @@
 """Run fingerprints: what a long run was started from, so that a resume never mixes old work with new.
 
-A run (agents.review run, train.sft) writes ``fingerprint.json`` into its folder when it starts: the
+A run (the review runner, train.sft) writes ``fingerprint.json`` into its folder when it starts: the
 inputs that decide its results (its config, the adapter's files, the task folder's files, the store's
 build identity, the training pairs' files) as hashes or values, and the code version. A later run into
 the same folder compares: when an input differs it stops with a message naming what changed, unless

@@ -82,4 +82,4 @@ def provenance(packages: list[str] = ()) -> dict:
 def _module_name() -> str:
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    return spec.name if spec else Path(sys.argv[0]).stem
+    return spec.name.removesuffix(".__main__") if spec else Path(sys.argv[0]).stem  # python -m PACKAGE

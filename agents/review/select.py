@@ -79,7 +79,7 @@ RULE_KEYS = ("agent", "llm", "adapter", "store")  # a run's fingerprint inputs a
 
 def chosen_for(inputs: dict) -> str:
     """The digest of what a selection rule was chosen with (eval.review.selection records it from the
-    validation run's fingerprint; agents.review run compares the run that reads it): the agent config
+    validation run's fingerprint; the review runner compares the run that reads it): the agent config
     (visibility included), the LLM settings, the adapter's digest and the store, not the tasks."""
     from data_prep.fingerprint import digest
 

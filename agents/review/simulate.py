@@ -160,9 +160,8 @@ def rule_choices(path: str | None) -> dict | None:
     if not path:
         return None
     rule = json.loads(Path(path).read_text())
-    if (
-        isinstance(rule, dict) and "utility" in rule
-    ):  # tuned-write's weights (eval.review.selection --utility)
+    # tuned-write's weights (eval.review.selection --utility)
+    if isinstance(rule, dict) and "utility" in rule:
         return {"utility": rule.get("chosen", "as written")}
     try:
         groups = read_rule(path)["groups"]
@@ -530,7 +529,7 @@ def set_flags(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> dict | None:
     from trl import TrlParser
 
-    parser = TrlParser((AgentConfig, LLMConfig, RunArguments))
+    parser = TrlParser((AgentConfig, LLMConfig, RunArguments), prog="python -m agents.review run")
     argv = set_flags(moved_config(sys.argv[1:] if argv is None else argv))
     agent_config, llm_config, args = parser.parse_args_and_config(args=argv)
     if args.merge:

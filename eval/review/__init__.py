@@ -11,14 +11,20 @@
 ``python -m agents.review evaluate|suite|choose|baseline`` runs them by name.
 """
 
+import importlib
 import warnings
+
+SUBMODULES = {"score", "fidelity", "predictions", "baselines", "selection", "suite"}
 
 
 def __getattr__(name: str):
     """``from eval.review import X`` of the days it was one module still finds X, for one release."""
-    from eval.review import score
-
-    if name.startswith("__") or not hasattr(score, name):
+    if (
+        name.startswith("__") or name in SUBMODULES
+    ):  # a submodule not imported yet: the import system loads it
+        raise AttributeError(f"module 'eval.review' has no attribute {name!r}")
+    score = importlib.import_module("eval.review.score")
+    if not hasattr(score, name):
         raise AttributeError(f"module 'eval.review' has no attribute {name!r}")
     warnings.warn(f"eval.review.{name} is now eval.review.score.{name}", DeprecationWarning, stacklevel=2)
     return getattr(score, name)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 def summary_path(predictions: str | Path) -> Path:
     """Where the summary of the run that made a prediction file lives: summary.json beside an agent
-    run's predictions.jsonl / output.json (agents.review run), else NAME.summary.json beside NAME.jsonl
+    run's predictions.jsonl / output.json (the review runner), else NAME.summary.json beside NAME.jsonl
     (eval.review.baselines)."""
     path = Path(predictions)
     if path.name in ("predictions.jsonl", "output.json"):

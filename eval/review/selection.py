@@ -197,7 +197,7 @@ def validation_run(run: Path, task_dir: Path, rows: list[dict]) -> tuple[list[di
     if [r["task_id"] for r in rows] != expected_ids:  # rows are sorted by task id
         raise SystemExit(
             f"error: {run} predicted {len(rows)} of the {len(expected_ids)} validation tasks: finish the run "
-            "(agents.review run resumes) before choosing a rule on it"
+            "(rerun python -m agents.review run: it resumes) before choosing a rule on it"
         )
     manifest = json.loads((task_dir / "manifest.json").read_text())
     if manifest.get("strategy") != "validation":
@@ -219,7 +219,7 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
     if any("group" not in r for r in rows):
         raise SystemExit(
             f"error: {run} was made before pools carried their group and the nearest-centroid review: "
-            "rerun the agent (agents.review run --overwrite true)"
+            "rerun the agent (python -m agents.review run ... --overwrite true)"
         )
     if missing := [r["task_id"] for r in rows if centroid_of(r) is None]:
         raise SystemExit(
@@ -272,7 +272,7 @@ def choose_rule(run: Path, data: Path, task_dir: Path, backend: str = "offline")
         f"it differs rejects at that level (Bonferroni over those options), on >= {MIN_TASKS} tasks, then "
         "the highest mean of those; then that choice unless an option using the LLM's candidates beats it "
         "the same way (Bonferroni over those)",
-        "chosen_for": chosen_for(inputs),  # agents.review run refuses the rule in a run with other settings
+        "chosen_for": chosen_for(inputs),  # the review runner refuses the rule in a run with other settings
         "validation_tasks_digest": ran_on,  # the folder by its contents: paths are in provenance.json
         "validation_tasks": len(rows),
         "left_out_adapter_trained": len(left_out),
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> Path:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--run", type=Path, required=True, help="an agents.review run run with selection: mbr"
+        "--run", type=Path, required=True, help="a run of python -m agents.review run with selection: mbr"
     )
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--tasks", type=Path, required=True, help="the validation folder it ran on")

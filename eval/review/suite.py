@@ -4,10 +4,10 @@
         --adapter runs/demo/sft/smollm2_lora --out runs/demo/suite/amazon
 
 For each agent config in configs/review/ (stats, stats-mbr, asc-baseline, retrieval-llm, tuned, tuned-mbr):
-agents.review run into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline
+the review runner (agents/review/simulate.py) into OUT/sim/KIND (resumable), then the shared evaluator (eval.review, offline
 unless --backend official, with the fidelity report) into OUT/eval/KIND. The model-free baselines (each
 user's previous review; the user's mean stars; the item's review nearest the centroid of the user's
-reviews, eval.review.baselines) are scored too. Writes OUT/compare.md and compare.png (eval.review.compare:
+reviews, eval.review.baselines) are scored too. Writes OUT/compare.md and compare.png (eval.review.score.compare:
 the metric and the fidelity columns), OUT/agents.md (time per task, parse failures, retries, fallbacks,
 the star models used, where the chosen reviews came from) and OUT/claims.md (paired differences over
 the same tasks with 95% BCa bootstrap intervals, the CLAIMS below), and prints them.
@@ -21,7 +21,7 @@ task are then the cache's): delete OUT/answers.sqlite to have them generated aga
 ``--wandb offline|online`` logs every evaluation (eval.tracking) and one suite run with the comparison
 and the claims as tables, into the tuned adapter's W&B project and group.
 
-``--set KEY=VALUE ...`` passes agents.review run settings to the LLM agents, e.g. the prompt shape an
+``--set KEY=VALUE ...`` passes the review runner's settings to the LLM agents, e.g. the prompt shape an
 adapter was trained with (its pairs' card.json): ``--set k_user=4 k_item=2 prompt_tokens=512``.
 
 ``--agent path/to/my_agent.py:MyAgent`` (repeatable) adds an AgentSociety agent run unchanged
@@ -93,7 +93,7 @@ CLAIMS = (
 
 
 def generation_args(batch_size: int = 16, max_new_tokens: int = 96) -> list[str]:
-    """agents.review run flags for the LLM agents; the defaults are CPU-friendly (what `make demo` uses)."""
+    """The review runner's flags for the LLM agents; the defaults are CPU-friendly (what `make demo` uses)."""
     return f"--batch_size {batch_size} --generation_batch_size {batch_size} --max_new_tokens {max_new_tokens}".split()
 
 
@@ -397,11 +397,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="LLM agents: tasks per batch")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="LLM agents: answer length cap")
     parser.add_argument(
-        "--set", nargs="+", default=[], metavar="KEY=VALUE", help="LLM agents: agents.review run settings"
+        "--set", nargs="+", default=[], metavar="KEY=VALUE", help="LLM agents: the review runner's settings"
     )
     args = parser.parse_args(argv)
     extra = generation_args(args.batch_size, args.max_new_tokens)
-    extra += simulate.set_flags(["--set", *args.set]) if args.set else []
+    try:
+        extra += simulate.set_flags(["--set", *args.set]) if args.set else []
+    except SystemExit as error:
+        parser.error(str(error).removeprefix("error: "))
     run_suite(
         args.data,
         args.tasks,

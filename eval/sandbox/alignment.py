@@ -466,6 +466,7 @@ def main(argv: list[str] | None = None) -> None:
         "eval.sandbox.alignment",
         __doc__,
         "a LoRA adapter trained on choice and rating pairs: adds the tuned rows",
+        "their held-out ratings validate the blend",
     )
     parser.add_argument("--held", type=int, default=5, help="last ratings held out per user")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=[*METHODS, *TUNED])

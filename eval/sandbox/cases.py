@@ -61,15 +61,13 @@ def variants(adapter: str | None, ablations=tuple(ABLATIONS)) -> dict[str, tuple
     return out
 
 
-def arguments(module: str, doc: str, adapter_help: str) -> argparse.ArgumentParser:
+def arguments(module: str, doc: str, adapter_help: str, validation_help: str) -> argparse.ArgumentParser:
     """The command-line options every sandbox test shares; each test adds its own."""
     parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--users", type=int, default=100, help="tested users, drawn with the seed")
-    parser.add_argument(
-        "--validation-users", type=int, default=50, help="drawn apart from them, for choosing settings"
-    )
+    parser.add_argument("--validation-users", type=int, default=50, help=validation_help)
     parser.add_argument(
         "--after", default="2010-01-01", help="held-out ratings at or after this date (YYYY-MM-DD)"
     )

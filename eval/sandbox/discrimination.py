@@ -573,6 +573,7 @@ def main(argv: list[str] | None = None) -> None:
         "eval.sandbox.discrimination",
         __doc__,
         "a LoRA adapter from train.sft on data_prep.choice_pairs: the tuned rows",
+        "drawn apart from the tested users: each row's normalisation is chosen on them",
     )
     all_methods = list(
         dict.fromkeys([*BASELINES, *variants("adapter", ABLATIONS_HERE), *variants(None, ABLATIONS_HERE)])

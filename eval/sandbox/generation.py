@@ -408,7 +408,12 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = arguments("eval.sandbox.generation", __doc__, "a LoRA adapter from train.sft: the tuned rows")
+    parser = arguments(
+        "eval.sandbox.generation",
+        __doc__,
+        "a LoRA adapter from train.sft: the tuned rows",
+        "drawn (and left out) as in the other tests",
+    )
     parser.add_argument("--steps", type=int, default=HORIZON)
     names = list(dict.fromkeys([*BASELINES, *variants("adapter"), *variants(None)]))
     parser.add_argument("--methods", nargs="+", choices=[n for n in names if n != "agent-generate"])
