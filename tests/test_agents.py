@@ -569,6 +569,7 @@ def flooded_store(raw, yelp_tasks, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_flood_of_later_one_star_reviews_changes_no_prediction(
     kind, yelp_store, flooded_store, yelp_tasks, tmp_path, monkeypatch
@@ -691,6 +692,7 @@ def test_simulate_slurm_refuses_a_vllm_config_without_vllm_before_any_task_start
     assert not (tmp_path / "run").exists()  # refused before any shard folder or marker was made
 
 
+@pytest.mark.slow
 def test_simulate_slurm_array_merges_a_whole_run_and_a_resubmitted_shard_completes_it(
     yelp_store, yelp_tasks, tmp_path
 ):
@@ -879,6 +881,7 @@ def test_a_second_agent_on_the_same_answer_cache_predicts_the_same_and_counts_it
     assert all(p.counts["cached_retries"] == p.counts["retries"] for p in second)
 
 
+@pytest.mark.slow
 def test_hf_backend_constrained_answers_follow_the_format_even_from_a_random_model(tiny_model):
     """A random 2-layer model writes noise; under a constraint every answer still has the required
     shape and closes (the review bound forces the end), batched or not."""
@@ -1125,7 +1128,7 @@ def test_claims_carry_a_holm_corrected_one_sided_p(monkeypatch):
     }
     better = {**base, "topic": np.linspace(0.1, 0.2, n)}  # every task's review scores higher
     terms = {"stats": base, "user-mean": base, "stats-mbr": better, "nearest-centroid": base}
-    monkeypatch.setattr(suite.review, "per_task_terms", lambda folder: terms[folder.name])
+    monkeypatch.setattr(suite, "per_task_terms", lambda folder: terms[folder.name])
     rows = suite.table_rows(suite.claims_table(Path("eval"), list(terms)))
     p = {(r["claim"], r["metric"]): float(r["Holm p (one-sided)"]) for r in rows}
     assert p[("stats-mbr > stats", "review_generation")] == p[("stats-mbr > nearest-centroid", "overall")]

@@ -55,6 +55,7 @@ def test_the_agentsociety_example_runs_with_the_users_older_stars(
         )
 
 
+@pytest.mark.slow
 def test_the_cooccurrence_example_serves_pages_in_a_sandbox_run(raw, tmp_path):
     from agents.sandbox.run import run
 

@@ -327,6 +327,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc to find the workers")
 def test_parser_workers_end_when_the_build_process_is_killed(tmp_path):
     from bench.synth_yelp import generate

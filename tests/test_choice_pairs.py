@@ -70,6 +70,7 @@ def test_a_rating_pair_prompt_is_the_rate_prompt_the_sandbox_agent_sees(ml):
     ]
 
 
+@pytest.mark.slow
 def test_nothing_in_a_pair_is_from_on_or_after_the_cutoff_date(ml):
     before = movielens.parse_moment("2005-01-01", ml)
     rng = np.random.default_rng(1)
@@ -100,6 +101,7 @@ def test_nothing_in_a_pair_is_from_on_or_after_the_cutoff_date(ml):
     assert any(r.ts >= before for r in ml.ratings)  # the sample has later ratings, and none became a target
 
 
+@pytest.mark.slow
 def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw, tmp_path, tiny_model):
     out = tmp_path / "pairs"
     card = choice_pairs.main(

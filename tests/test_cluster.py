@@ -226,6 +226,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_sandbox_job_stops_at_a_round_boundary_on_usr1_and_requeues(tmp_path, raw, tiny_model):
     bin_dir, vllm = tmp_path / "bin", tmp_path / "vllm" / "bin"
     bin_dir.mkdir()
@@ -352,6 +353,7 @@ def fake_nvidia_smi(tmp_path: Path, driver: str) -> Path:
     return bin_dir
 
 
+@pytest.mark.slow
 def test_a_train_job_on_a_node_whose_torch_cannot_use_the_driver_stops_before_launching(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env.update(fake_cluster(tmp_path, "52"))
@@ -409,6 +411,7 @@ def test_the_gpu_checks_bitsandbytes_wheel_keeps_only_the_machines_cuda_library(
         slim_wheel(wheel, "cuda999")
 
 
+@pytest.mark.slow
 def test_the_gpu_check_refuses_without_its_prepared_folders_and_runs_every_gpu_test(tmp_path):
     """bench/gpu_check.sh stops with what to do when --prepare has not run, and a wrong option is a usage
     error; the GPU tests it runs (pytest -m gpu tests/test_gpu.py) are every test of that file."""

@@ -409,6 +409,7 @@ def lines(path):
     return path.read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_a_run_talks_to_both_recommenders_resumes_and_refuses_other_inputs(raw, tmp_path, monkeypatch):
     straight = tmp_path / "straight"
     summary = run(args(raw, straight), Scripted(), Scripted())
@@ -454,6 +455,7 @@ def test_a_run_talks_to_both_recommenders_resumes_and_refuses_other_inputs(raw, 
         run(args(raw, stopped, "max_turns=4"), Scripted(), Scripted())
 
 
+@pytest.mark.slow
 def test_the_evaluation_of_a_run_by_hand(raw, tmp_path):
     from eval import converse as ev
 
@@ -574,6 +576,7 @@ def test_identification_transfer_by_hand():
     assert result["macro_f1"] == round((2 * 1 * 0.5 / 1.5 + 2 * (2 / 3) * 1 / (5 / 3)) / 2, 3)
 
 
+@pytest.mark.slow
 def test_clustered_correlations_by_hand():
     from eval.converse import clustered_correlation
 
@@ -600,6 +603,7 @@ def test_holm_by_hand():
     assert "spearman_p_holm" not in table["d"]
 
 
+@pytest.mark.slow
 def test_replay_correlates_with_the_recorded_ratings_clustered_by_persona(raw, tmp_path):
     """A backend that knows each real person's Detail answer rates every assistant turn from it: the
     replayed correlation must come out +1 for a rating rising with it and -1 for one falling."""
@@ -647,6 +651,7 @@ def test_replay_correlates_with_the_recorded_ratings_clustered_by_persona(raw, t
     }
 
 
+@pytest.mark.slow
 def test_consistency_compares_two_backbones_on_the_same_conversations(tmp_path):
     from eval.converse import consistency
 
@@ -671,6 +676,7 @@ def test_no_interval_when_resamples_keep_hitting_a_constant_rating():
     assert result["spearman_ci95"] is None and "constant" in result["note"] and result["spearman"] < 0
 
 
+@pytest.mark.slow
 def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(raw, tmp_path):
     """A backend that knows each person's real answers gives them back: every item's correlation is +1;
     one that answers the opposite gets -1 (Holm-corrected p-values on the table of four)."""
@@ -733,6 +739,7 @@ def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(ra
     assert all(flipped["questionnaire"][n]["spearman"] == -1.0 for n in varied)
 
 
+@pytest.mark.slow
 def test_a_stopped_questionnaire_replay_resumes_without_redoing_and_refuses_other_settings(raw, tmp_path):
     """The people's questionnaire over their conversations is an hour-long run here: it is kept batch by
     batch, a kill loses only the batch in progress, and a rerun with another backbone setting refuses."""
@@ -803,6 +810,7 @@ def test_a_stopped_questionnaire_replay_resumes_without_redoing_and_refuses_othe
                      70, Answers(), turn_ratings=False)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_agreement_pairs_two_backbones_on_the_conversations_both_answered(raw, tmp_path):
     """A backbone that gives the people's own answers against one that answers from a coin: per item the
     first agrees perfectly, and the paired difference (coin - perfect) has an interval below zero; an

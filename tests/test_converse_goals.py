@@ -249,6 +249,7 @@ def test_a_text_only_crs_is_scored_by_the_places_it_names(raw, tmp_path):
     assert row.rstrip(" |").endswith(f"{matched} / {len(replies) - matched} / 0")
 
 
+@pytest.mark.slow
 def test_ratings_off_asks_no_rating_and_keeps_the_objective_figures(raw, tmp_path, monkeypatch):
     from eval.converse import evaluate
 
@@ -287,6 +288,7 @@ def test_ratings_off_asks_no_rating_and_keeps_the_objective_figures(raw, tmp_pat
     assert seen[0].set == ["dialogues=3", "rating.enabled=False"]
 
 
+@pytest.mark.slow
 def test_a_crs_added_later_runs_alone_and_the_others_dialogues_stay(raw, tmp_path, monkeypatch):
     from agents.converse import run as runner
 

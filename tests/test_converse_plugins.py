@@ -179,6 +179,7 @@ def http_crs():
     thread.join(5)
 
 
+@pytest.mark.slow
 def test_an_http_crs_on_loopback_answers_retries_and_fails_clearly(http_crs, catalogue):
     def crs(path, **settings):
         return PluginCRS("http", PluginConfig(transport="http", target=f"{http_crs}{path}", **settings),
@@ -327,6 +328,7 @@ def test_the_openai_transport_against_a_real_llama_cpp_server(llama_server):
     assert wrong.respond([Session()], ["hi"])[0].error.startswith("http_status")
 
 
+@pytest.mark.slow
 def test_the_example_http_crs_stands_in_the_ladder(raw, tmp_path):
     from agents.converse.http_example import make_app
     from eval.converse import evaluate

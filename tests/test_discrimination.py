@@ -134,6 +134,7 @@ def test_claims_are_paired_and_bonferroni_corrected_over_the_claims_made():
     assert claims[0]["difference"] == pytest.approx((tuned - pop).mean(), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_a_run_writes_every_row_to_its_table_and_a_rerun_keeps_them(raw, tmp_path, capsys):
     config = "configs/sandbox/movielens.yaml"
     data = [f"data={raw / 'movielens_latest_small'}"]

@@ -70,6 +70,7 @@ def test_offline_lexicon_is_nltks_byte_for_byte(raw):
     assert hashlib.sha256(nltk_lexicon_text().encode()).hexdigest() == NLTK_LEXICON_SHA256
 
 
+@pytest.mark.slow
 def test_offline_vader_scores_equal_nltks_on_real_texts(raw, monkeypatch):
     import gzip
     import json

@@ -179,6 +179,7 @@ def test_official_output_layout_and_limit(tasks, tmp_path, offline_scorers):
     assert results["n"] == 10 and results["counts"]["predictions_outside_limit"] == 20
 
 
+@pytest.mark.slow
 def test_compare_writes_table_and_chart(tasks, tmp_path, offline_scorers):
     for name, stars in (("low", 1.0), ("high", 4.0)):
         path = write_jsonl(
@@ -318,6 +319,7 @@ def test_local_topic_model_folder(offline_scorers):
     assert scorers.emotion.encoder is not scorers.topic  # the stand-in keeps its own, fixed encoder
 
 
+@pytest.mark.slow
 def test_tasks_whose_item_had_no_older_review_are_counted_and_scored_apart(
     raw, yelp_store, tasks, tmp_path, offline_scorers
 ):

@@ -109,6 +109,7 @@ class SamplingLLM:
         return [Answer(f"stars: 4\nreview: {kind} text number {i}") for i in range(len(conversations))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pool", ["generated", "retrieved", "both", "retrieved-vs-all", "answer"])
 def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
     pool, yelp_store, tmp_path, make_tasks, monkeypatch
@@ -158,6 +159,7 @@ def test_mbr_agent_keeps_its_pool_and_chooses_only_from_the_configured_sources(
     assert [r["chosen"] for r in again] == [p.chosen for p in predictions]
 
 
+@pytest.mark.slow
 def test_a_retrieved_pool_with_nothing_older_keeps_the_llms_answer_and_counts_it(
     yelp_store, tmp_path, make_tasks, monkeypatch
 ):
@@ -177,6 +179,7 @@ def test_a_retrieved_pool_with_nothing_older_keeps_the_llms_answer_and_counts_it
     assert not usual.counts["empty_pool"] and usual.candidates[usual.chosen]["source"] in {"user", "item"}
 
 
+@pytest.mark.slow
 def test_under_a_rule_only_the_tasks_whose_choice_uses_samples_draw_them(
     yelp_store, tmp_path, make_tasks, monkeypatch
 ):
@@ -218,6 +221,7 @@ def test_under_a_rule_only_the_tasks_whose_choice_uses_samples_draw_them(
     assert [(p.stars, p.review) for p in lean] == [(p.stars, p.review) for p in full]
 
 
+@pytest.mark.slow
 def test_stats_mbr_chooses_among_retrieved_reviews_without_an_llm(
     yelp_store, tmp_path, make_tasks, monkeypatch
 ):
@@ -245,6 +249,7 @@ def test_stats_mbr_chooses_among_retrieved_reviews_without_an_llm(
         )
 
 
+@pytest.mark.slow
 def test_review_eval_logs_to_wandb_offline_into_the_adapters_group(
     yelp_store, tmp_path, make_tasks, monkeypatch, offline_scorers
 ):

@@ -33,6 +33,7 @@ def cases(ml):
     return out
 
 
+@pytest.mark.slow
 def test_pages_are_new_to_the_user_and_the_same_for_every_method(ml, cases):
     config = load_config(None, FAST)
     again = g.make_cases(ml, [414, 599, 68], 4)
@@ -129,6 +130,7 @@ def test_the_agent_walks_the_pages_picking_rating_and_remembering_each_film(ml, 
     assert "It is " in last and ml.movies[walks[0][-2]].title in remembered  # a later page recalls a watch
 
 
+@pytest.mark.slow
 def test_a_run_writes_its_table_and_a_rerun_keeps_each_method(raw, tmp_path, capsys):
     config = "configs/sandbox/movielens.yaml"
     data = [f"data={raw / 'movielens_latest_small'}"]

@@ -172,6 +172,7 @@ def test_an_official_agent_runs_unchanged_time_aware_batched_and_recorded(
     assert len(rows(tmp_path / "run")) == 12
 
 
+@pytest.mark.slow
 def test_an_agent_that_raises_hangs_or_answers_out_of_range_is_counted_and_falls_back(
     agent_file, backend, yelp_store, tasks, tmp_path
 ):
@@ -245,6 +246,7 @@ def test_the_batcher_answers_every_caller_with_its_own_answers_and_passes_on_err
     assert errors == ["backend down"]
 
 
+@pytest.mark.slow
 def test_the_suite_scores_a_plugged_agent_beside_the_shipped_ones(
     agent_file, backend, yelp_store, tasks, tmp_path
 ):
@@ -285,6 +287,7 @@ class ModulesLLM:
         return [Answer(t) for t in out]
 
 
+@pytest.mark.slow
 def test_an_agent_on_the_official_modules_runs_unchanged_and_its_memory_embeds_with_the_runs_model(
     monkeypatch, yelp_store, tasks, tmp_path
 ):
@@ -487,6 +490,7 @@ def test_one_bad_call_fails_only_its_own_workflow_and_waiting_is_not_the_tasks_o
     assert batcher.queued[idents["a"]] >= 0.5 and batcher.queued[idents["slow"]] < 0.4
 
 
+@pytest.mark.slow
 def test_importing_the_official_package_does_not_reach_for_the_network():
     """websocietysimulator's import downloads the VADER lexicon when nltk cannot find it; the runner puts
     the rebuilt lexicon on nltk's path first (a fresh interpreter, with downloads made to fail loudly)."""

@@ -49,6 +49,7 @@ def test_pairs_from_several_stores_block_each_stores_own_tasks(raw, yelp_store, 
         make_pairs([amazon, yelp_store], [ta], tmp_path / "bad")
 
 
+@pytest.mark.slow
 def test_pairs_for_a_validation_folder_keep_out_both_folders_and_both_periods(yelp_store, tmp_path):
     from data_prep import split
     from data_prep.store import to_epoch

@@ -36,6 +36,7 @@ def test_the_features_by_hand():
     assert c[5] == pytest.approx(1 / 2) and c[6] == 0
 
 
+@pytest.mark.slow
 def test_fitted_before_a_moment_it_beats_chance_on_later_real_choices(ml):
     from data_prep.choice_pairs import draw_targets, make_pages
 
@@ -53,6 +54,7 @@ def test_fitted_before_a_moment_it_beats_chance_on_later_real_choices(ml):
     assert later and np.mean(hits) > 0.2  # chance is 0.1
 
 
+@pytest.mark.slow
 def test_the_fit_reads_nothing_from_after_its_moment(ml):
     from dataclasses import replace
 
@@ -65,6 +67,7 @@ def test_the_fit_reads_nothing_from_after_its_moment(ml):
     assert again.coefficients() == model.coefficients()
 
 
+@pytest.mark.slow
 def test_score_mode_adds_the_weighted_choice_model_to_the_llms_scores(ml):
     backend = PageScoring(prefer=lambda o: -0.1 if o in ("recommender", "watch") else -5.0)  # films all equal
     config = load_config(

@@ -149,6 +149,7 @@ def test_in_generate_mode_a_feature_is_named_only_in_the_decisions_it_bears_on(m
     assert all(FEATURE_TEXT["Watcher"] not in p and FEATURE_TEXT["Chatter"] in p for p in social)
 
 
+@pytest.mark.slow
 def test_a_score_mode_round_watches_the_best_scored_film_and_features_tip_the_place(ml):
     def favourite(option):  # a page's films by their line (title first), the other options by name
         places = {"recommender": -1.0, "social": -0.9, "watch": -0.2}

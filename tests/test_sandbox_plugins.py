@@ -105,6 +105,7 @@ def browsed(out):
     return [r["items"] for r in rows if r["action"] == "browse"]
 
 
+@pytest.mark.slow
 def test_cornac_recommends_in_a_real_run_and_resumes_exactly(raw, tmp_path):
     straight = run(args(raw, tmp_path / "straight", 3, *CORNAC), Recording(), embed)
     assert not [k for k in straight["counts"] if k.startswith("recommender_refused")]
@@ -118,6 +119,7 @@ def test_cornac_recommends_in_a_real_run_and_resumes_exactly(raw, tmp_path):
     assert popular["recommender_plugin"] is None
 
 
+@pytest.mark.slow
 def test_a_changed_recommender_file_refuses_the_resume(raw, tmp_path, plugin):
     run(args(raw, tmp_path / "run", 1, f"recommender.kind={plugin}"), Recording(), embed)
     path = plugin.rsplit(":", 1)[0]
@@ -134,6 +136,7 @@ def lines(path):
     return path.read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_two_forks_with_no_change_are_identical_round_by_round_and_a_change_shows_in_compare(raw, tmp_path):
     from agents.sandbox.branches import compare, fork
 
@@ -174,6 +177,7 @@ def test_two_forks_with_no_change_are_identical_round_by_round_and_a_change_show
         fork(tmp_path / "trunk", 9, tmp_path / "late")
 
 
+@pytest.mark.slow
 def test_an_export_trains_cornac_and_reads_back_as_recbole_atomic_files(raw, tmp_path):
     import csv
 

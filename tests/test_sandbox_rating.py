@@ -56,6 +56,7 @@ def rater(ml, backend, start, read="greedy"):
     return Rater([r for r in ml.ratings if r.ts < start], decider, config, ml.movies), config
 
 
+@pytest.mark.slow
 def test_the_llm_blends_in_only_where_validation_shows_it_helps(ml):
     start = movielens.parse_moment("2016-01-01", ml)
     truth = {(r.user, r.movie): r.stars for r in ml.ratings}
@@ -77,6 +78,7 @@ def test_the_llm_blends_in_only_where_validation_shows_it_helps(ml):
     assert 0.5 <= stars[0] <= 5 and (stars[0] * 2).is_integer()
 
 
+@pytest.mark.slow
 def test_expected_stars_are_calibrated_on_older_validation_ratings_before_they_blend(ml):
     """An LLM that orders films as the user does but squeezes them into 2.6-3.4 stars: read greedy its
     digit is always 3 and the blend is useless; its expected value, calibrated by the isotonic fit on

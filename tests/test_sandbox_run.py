@@ -32,6 +32,7 @@ def lines(path):
     return path.read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_a_stopped_run_resumes_to_the_same_interactions(raw, tmp_path):
     straight = tmp_path / "straight"
     run(args(raw, straight, 3), Recording(), embed)
@@ -48,6 +49,7 @@ def test_a_stopped_run_resumes_to_the_same_interactions(raw, tmp_path):
     assert [(r["file"], r["reason"]) for r in rejects] == [("ratings.csv", "unknown_movie")]
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_config_refuses_naming_what_changed(raw, tmp_path):
     run(args(raw, tmp_path, 1), Recording(), embed)
     with pytest.raises(SystemExit, match=r"changed: config\.memory\.enhance_times"):
@@ -56,6 +58,7 @@ def test_a_resume_with_another_config_refuses_naming_what_changed(raw, tmp_path)
     assert summary["config"]["memory"]["enhance_times"] == 5
 
 
+@pytest.mark.slow
 def test_an_edited_profile_reaches_the_next_rounds_prompts(raw, tmp_path):
     run(args(raw, tmp_path, 1), Recording(), embed)
     state = json.loads((tmp_path / "checkpoint.json").read_text())
@@ -130,6 +133,7 @@ class Writer(Recording):
         return super().answer(conversation, constraint)
 
 
+@pytest.mark.slow
 def test_profiles_written_by_the_llm_are_kept_and_not_rewritten_on_resume(raw, tmp_path):
     out = tmp_path / "run"
     first = Writer()
@@ -192,6 +196,7 @@ def test_a_missing_data_folder_is_fetched_when_asked_and_an_error_otherwise(raw,
     assert (tmp_path / "fetched" / "ratings.csv").read_text().splitlines() == ratings
 
 
+@pytest.mark.slow
 def test_the_recommender_can_train_on_the_agents_own_history_only(raw, tmp_path):
     from agents.sandbox.config import load_config
     from agents.sandbox.run import build
@@ -204,6 +209,7 @@ def test_the_recommender_can_train_on_the_agents_own_history_only(raw, tmp_path)
     assert len(everyone.history) == 100836 and len(own.history) < len(everyone.history)
 
 
+@pytest.mark.slow
 def test_bad_input_is_an_error_naming_what_is_wrong_before_any_round(raw, tmp_path):
     from agents.sandbox.config import ConfigError
     from data_prep import movielens

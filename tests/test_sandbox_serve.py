@@ -63,6 +63,7 @@ def served(raw, tmp_path):
     lock.__exit__()
 
 
+@pytest.mark.slow
 def test_the_views_answer_and_a_step_plays_one_round(served):
     client, runner, out = served
     assert "Sandbox" in client.get("/").text and client.get("/static/app.js").status_code == 200
@@ -104,6 +105,7 @@ def test_the_views_answer_and_a_step_plays_one_round(served):
     assert kinds[0] == "interaction" and kinds[-1] == "status"
 
 
+@pytest.mark.slow
 def test_interventions_change_the_checkpoint_and_bad_input_changes_nothing(served):
     client, runner, out = served
     name = client.get("/api/agents").json()[0]["name"]
@@ -147,6 +149,7 @@ def test_interventions_change_the_checkpoint_and_bad_input_changes_nothing(serve
     assert commands == ["edit", "broadcast", "interview", "human"]
 
 
+@pytest.mark.slow
 def test_the_server_holds_the_run_like_the_cli(served, raw):
     from agents.sandbox.run import run
 
@@ -157,6 +160,7 @@ def test_the_server_holds_the_run_like_the_cli(served, raw):
         run(cli, Recording(), embed)
 
 
+@pytest.mark.slow
 def test_read_only_mode_reads_the_files_and_refuses_controls(served):
     client, runner, out = served
     client.post("/api/control", json={"action": "step"})
@@ -169,6 +173,7 @@ def test_read_only_mode_reads_the_files_and_refuses_controls(served):
     assert reader.post("/api/broadcast", json={"message": "hi"}).status_code == 409
 
 
+@pytest.mark.slow
 def test_a_token_guards_the_api(served):
     client, runner, out = served
     guarded = TestClient(create_app(out, runner, token="s3cret"))
@@ -182,6 +187,7 @@ def test_a_token_guards_the_api(served):
         main(["--run", str(out), "--read-only", "--host", "0.0.0.0", "--no-token"])
 
 
+@pytest.mark.slow
 def test_the_page_asks_for_a_token_on_every_host_and_checks_the_host_header(served, monkeypatch, capsys):
     """main as a user runs it (uvicorn stubbed): 127.0.0.1 gets a made token, shown once; a request that
     names another host is refused even with the token; --no-token opens a local page."""
@@ -306,6 +312,7 @@ def test_a_browser_steers_a_three_round_run(raw, tmp_path):
         lock.__exit__()
 
 
+@pytest.mark.slow
 def test_a_person_plays_an_agent_from_the_page(served):
     client, runner, out = served
     name = client.get("/api/agents").json()[0]["name"]
@@ -324,6 +331,7 @@ def test_a_person_plays_an_agent_from_the_page(served):
     assert [e["action"] for e in mine] == ["go:nothing"]  # the person's choice, not the model's
 
 
+@pytest.mark.slow
 def test_the_log_names_the_movies(served):
     client, runner, out = served
     client.post("/api/control", json={"action": "step"})

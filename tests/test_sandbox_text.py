@@ -47,6 +47,7 @@ def world(ml, backend, overrides=()):
     return World(config, profiles, ml, backend, embed, {n: set(names) - {n} for n in names}, rng)
 
 
+@pytest.mark.slow
 def test_each_round_measures_its_messages_and_finds_the_loops(ml):
     w = world(ml, Looping({}))
     events, stats = w.step()
@@ -116,6 +117,7 @@ def test_the_decoding_controls_reach_the_hf_backends_generate(tiny_model, monkey
     assert set(backend.decoding_controls) == {"repetition_penalty", "no_repeat_ngram_size"}
 
 
+@pytest.mark.slow
 def test_the_sandbox_config_sets_the_controls_and_the_summary_says_which_applied(raw, tmp_path):
     import argparse
 
@@ -203,6 +205,7 @@ def test_each_round_checks_what_the_llm_wrote_beside_its_template(ml):
     assert w.step()[1]["text_checks"].keys() >= {"feeling"}  # each round reports its own texts
 
 
+@pytest.mark.slow
 def test_a_search_off_the_agents_taste_fails_and_the_template_can_stand_in(ml):
     w = world(ml, Critic(search=True))
     _, stats = w.step()
@@ -230,6 +233,7 @@ def test_an_interview_answer_is_checked_against_the_films_the_agent_watched(ml):
     assert [row["passed"] for row in checks] == [True, False, False]
 
 
+@pytest.mark.slow
 def test_the_memory_template_writes_without_the_llm_and_the_run_says_so(ml):
     from agents.sandbox.run import decisions
 

@@ -29,6 +29,7 @@ def world(ml, backend, overrides=(), n=5, fresh=True):
     return World(config, profiles, ml, backend, embed, graph, rng, fresh=fresh)
 
 
+@pytest.mark.slow
 def test_a_post_reaches_every_contact_in_batched_calls(ml):
     probe = world(ml, Scripted({}))
     poster = next(iter(probe.agents))
@@ -44,6 +45,7 @@ def test_a_post_reaches_every_contact_in_batched_calls(ml):
     assert backend.batches == [5, 1, 5]  # places (all), the poster's decision, one batch for all memories
 
 
+@pytest.mark.slow
 def test_watching_goes_into_memory_and_the_recommender_history(ml):
     w = world(ml, Scripted({name: "recommender" for name in world(ml, Scripted({})).agents}))
     events, stats = w.step()
@@ -59,6 +61,7 @@ def test_watching_goes_into_memory_and_the_recommender_history(ml):
         assert 0.5 <= event["stars"] <= 5 and event["rated_by"]  # the star model's, and which candidate
 
 
+@pytest.mark.slow
 def test_unusable_answers_fall_back_and_are_counted(ml):
     names = list(world(ml, Scripted({})).agents)
     w = world(ml, Scripted({n: "recommender" for n in names}, broken={"recommender"}))
@@ -70,6 +73,7 @@ def test_unusable_answers_fall_back_and_are_counted(ml):
     assert w.counts["fallback:place"] == 5
 
 
+@pytest.mark.slow
 def test_a_checkpoint_resumes_to_the_identical_next_state(ml):
     names = list(world(ml, Scripted({})).agents)
     places = {
@@ -101,6 +105,7 @@ def test_a_checkpoint_resumes_to_the_identical_next_state(ml):
     assert json.dumps(resumed.state(), sort_keys=True) == json.dumps(live.state(), sort_keys=True)
 
 
+@pytest.mark.slow
 def test_the_seed_decides_the_run_and_interviews_answer(ml):
     places = dict.fromkeys(world(ml, Scripted({})).agents, "recommender")
     one, two = world(ml, Scripted(places)), world(ml, Scripted(places))
@@ -116,6 +121,7 @@ def test_the_seed_decides_the_run_and_interviews_answer(ml):
     assert stats["watches"] == 0 and [e["action"] for e in one.step()[0]].count("watch") > 0
 
 
+@pytest.mark.slow
 def test_search_ranks_the_catalogue_and_skips_what_the_agent_has_seen(ml):
     w = world(ml, Scripted({}))
     toy = [m.id for m in ml.movies.values() if "toy story" in m.title.lower()]
@@ -126,6 +132,7 @@ def test_search_ranks_the_catalogue_and_skips_what_the_agent_has_seen(ml):
     assert w.search("Toy Story", set(ml.movies) - {toy[0]}) == [toy[0]]  # only one left to show
 
 
+@pytest.mark.slow
 def test_an_empty_search_query_is_a_counted_fallback_not_the_first_films(ml):
     class EmptySearch(Scripted):
         def answer(self, conversation, constraint):

@@ -86,6 +86,7 @@ def agent_for(yelp_store, tasks_dir, **config):
     return agent, [{**t, "ts": targets[t["task_id"]]["ts"]} for t in read_tasks(tasks_dir)]
 
 
+@pytest.mark.slow
 def test_every_pool_holds_the_nearest_centroid_review_and_a_rule_is_followed_per_group(
     yelp_store, tmp_path, make_tasks, monkeypatch
 ):

@@ -166,6 +166,7 @@ def test_bad_split_requests_fail_clearly(yelp, tmp_path):
         make_split(tmp_path / "missing", tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_latest_cutoff_leaves_at_least_n_tasks_and_a_day_later_leaves_fewer(yelp, tmp_path):
     from data_prep.split import candidates
 
@@ -220,6 +221,7 @@ def test_leave_last_out_validation_is_each_task_users_previous_review(yelp, tmp_
         make_split(yelp, tmp_path / "bad", "--validation-for", tmp_path / "tasks", "--strategy", "temporal")
 
 
+@pytest.mark.slow
 def test_temporal_validation_is_a_temporal_split_of_what_precedes_the_tasks(yelp, tmp_path):
     test = make_split(
         yelp, tmp_path / "tasks", "--strategy", "temporal", "--cutoff", "latest:100", "--min-history", 2

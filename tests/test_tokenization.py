@@ -171,6 +171,7 @@ def family_model(request, pair_rows, tmp_path_factory):
     return request.param, folder
 
 
+@pytest.mark.slow
 def test_training_and_inference_prompt_ids_are_identical(family_model, pair_rows, tmp_path):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM

@@ -98,6 +98,7 @@ def recipe(tmp_path, tiny_model, amazon_pairs, **overrides) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_pairs_never_show_a_target_or_anything_newer(amazon_pairs):
     from data_prep.store import ReviewStore
     from data_prep.tasks import read_targets
@@ -291,6 +292,7 @@ def test_unknown_recipe_keys_are_rejected(tmp_path, tiny_model, amazon_pairs):
         sft.parse(["--config", str(recipe(tmp_path, tiny_model, amazon_pairs, lora_rank=8))])
 
 
+@pytest.mark.slow
 def test_qlora_4bit_path_trains(tmp_path, tiny_model, amazon_pairs):
     trainer = sft.main(
         ["--config", str(recipe(tmp_path, tiny_model, amazon_pairs, load_in_4bit=True, max_steps=2))]
@@ -488,6 +490,7 @@ SLURM_NODEID=0 exec bash -c "${@: -1}"
 """
 
 
+@pytest.mark.slow
 def test_usr1_makes_training_save_at_a_step_boundary_then_the_job_is_requeued(
     tmp_path, tiny_model, amazon_pairs
 ):
@@ -545,6 +548,7 @@ def test_usr1_makes_training_save_at_a_step_boundary_then_the_job_is_requeued(
             path.unlink(missing_ok=True)
 
 
+@pytest.mark.slow
 def test_the_task_metric_runs_at_step_0_and_every_evaluation_and_keeps_the_best_checkpoint(
     tmp_path, tiny_model, amazon_pairs
 ):
@@ -617,6 +621,7 @@ def falling_metric(pairs, rows, output_dir, max_new_tokens):
     return FallingMetric(pairs, rows, output_dir, max_new_tokens)
 
 
+@pytest.mark.slow
 def test_the_task_metric_stops_a_run_that_does_not_improve_and_a_rerun_keeps_it(
     tmp_path, tiny_model, amazon_pairs
 ):

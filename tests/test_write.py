@@ -119,6 +119,7 @@ class Writer:
         return out
 
 
+@pytest.mark.slow
 def test_tuned_write_writes_after_the_decided_stars_and_never_keeps_a_copy(
     yelp_store, write_tasks, monkeypatch
 ):
