@@ -534,9 +534,10 @@ def intervene(args) -> None:
 
 
 if __name__ == "__main__":  # the old entry point, kept for one release: python -m agents.sandbox
+    import runpy
     import sys
 
-    from agents.sandbox.cli import main
-
     print("note: python -m agents.sandbox.run is now python -m agents.sandbox", file=sys.stderr)
-    main()
+    runpy.run_module(
+        "agents.sandbox", run_name="__main__", alter_sys=True
+    )  # by name: the library never imports its command line
