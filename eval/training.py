@@ -2,6 +2,7 @@
 
     task_metric: eval.training:review_task_metric      # review pairs (configs/sft/smollm2_cpu*.yaml)
     task_metric: eval.training:choice_task_metric      # the sandbox's choice pairs
+    task_metric: eval.training:converse_task_metric    # the conversational simulator's pairs
 
 train.sft calls it at step 0 (``eval_on_start``) and at every evaluation. It writes the greedy answer for
 ``task_examples`` validation pairs (users held out from training, spread over the file), scores the
@@ -21,6 +22,12 @@ Rating pairs among them (data_prep.choice_pairs --ratings): the mean absolute er
 against the real stars, beside the user's mean before the moment; an answer without a digit 1-5 is
 counted and scored as 3. The best checkpoint is kept by the choice accuracy.
 
+For the conversational simulator's pairs (data_prep.converse_pairs): on the action examples, the share
+of greedy answers whose actions are the real turn's actions (as a set), beside the most common action
+set of the training pairs on the same examples; on every example, the share of answers the simulator
+can parse (the JSON it asks for: a non-empty ``actions`` list or a non-empty ``message``). An answer it
+cannot parse is wrong and counted. The best checkpoint is kept by the action accuracy.
+
 train never imports eval (tests/test_layout.py): the recipe names this function, and train.sft loads it
 by its import path.
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -280,3 +288,117 @@ class ChoiceTaskMetric:
 def choice_task_metric(pairs: str, rows: list[dict], output_dir: str, max_new_tokens: int = 4):
     """What train.sft's ``task_metric`` loads for the sandbox's choice pairs."""
     return ChoiceTaskMetric(pairs, rows, output_dir, max_new_tokens)
+
+
+def answer_json(text: str) -> dict | None:
+    """The first JSON object of an answer, or None."""
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text[start:])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def action_set(text: str) -> frozenset | None:
+    value = answer_json(text)
+    actions = value.get("actions") if value else None
+    if not isinstance(actions, list) or not actions or not all(isinstance(a, str) for a in actions):
+        return None
+    return frozenset(actions)
+
+
+CONVERSE_PLOT = {
+    "ylabel": "greedy answers on validation turns",
+    "title": "dotted: the training pairs' most common action set",
+    "series": {
+        "actions": ["task_action_accuracy", "majority_action_accuracy"],
+        "parsed": ["task_parsed", None],
+    },
+}
+
+
+class ConverseTaskMetric:
+    """Action accuracy of greedy answers on validation turns beside the training pairs' most common
+    action set, and the share of answers the simulator can parse (module docstring)."""
+
+    def __init__(self, pairs: str, rows: list[dict], output_dir: str, max_new_tokens: int = 64):
+        self.actions = [i for i, r in enumerate(rows) if r.get("kind") == "action"]
+        if not self.actions:
+            raise SystemExit(f"error: {pairs}/validation.jsonl has no action examples to score")
+        train = Path(pairs) / "train.jsonl"
+        if not train.exists():
+            raise SystemExit(
+                f"error: {train} is missing: the majority baseline is read from the training pairs"
+            )
+        sets = Counter()
+        with train.open() as handle:
+            for line in handle:
+                row = json.loads(line)
+                if row.get("kind") == "action":
+                    sets[action_set(row["completion"][0]["content"])] += 1
+        self.majority = sets.most_common(1)[0][0] if sets else frozenset()
+        self.truth = [action_set(rows[i]["completion"][0]["content"]) for i in self.actions]
+        self.majority_correct = np.array([float(t == self.majority) for t in self.truth])
+        self.rows, self.output_dir, self.max_new_tokens = rows, Path(output_dir), max_new_tokens
+        self.history: list[dict] = []
+
+    @property
+    def prompts(self) -> list[str]:
+        return [r["rendered"] for r in self.rows]
+
+    def parsed(self, row: dict, text: str) -> bool:
+        if row.get("kind") == "action":
+            return action_set(text) is not None
+        value = answer_json(text)
+        return bool(value and isinstance(value.get("message"), str) and value["message"].strip())
+
+    def __call__(self, texts: list[str], step: int, write: bool = True) -> dict[str, float]:
+        correct = np.array(
+            [float(action_set(texts[i]) == t) for i, t in zip(self.actions, self.truth, strict=True)]
+        )
+        parsed = [self.parsed(r, x) for r, x in zip(self.rows, texts, strict=True)]
+        metrics = {
+            "task_action_accuracy": round(float(correct.mean()), 4),
+            "majority_action_accuracy": round(float(self.majority_correct.mean()), 4),
+            "task_parsed": round(float(np.mean(parsed)), 4),
+            "task_unreadable": int(len(parsed) - sum(parsed)),
+        }
+        self.history.append({"step": step, **metrics, "correct": correct})
+        if write:
+            write_answers(self.output_dir, step, self.rows, texts, "example_id")
+        return metrics
+
+    def summary(self, best_step: int | None) -> dict:
+        """The curve and, at the kept step, the paired action-accuracy difference (BCa, over turns)
+        against the base model (step 0) and against the majority action set."""
+        curve = [{k: v for k, v in h.items() if k != "correct"} for h in self.history]
+        out = {"examples": len(self.rows), "curve": curve, "plot": CONVERSE_PLOT,
+               "majority_actions": sorted(self.majority)}  # fmt: skip
+        by_step = {h["step"]: h for h in self.history}
+        kept = (
+            by_step.get(best_step) if best_step is not None else (self.history[-1] if self.history else None)
+        )
+        if kept is None:
+            out["kept_step"] = best_step
+            out["note"] = "the kept step was evaluated before this process resumed: no paired comparison"
+            return out
+        out["kept_step"] = kept["step"]
+        others = {"adapter_minus_majority": self.majority_correct}
+        if 0 in by_step and kept["step"] != 0:
+            others = {"adapter_minus_base": by_step[0]["correct"], **others}
+        for name, other in others.items():
+            diff = kept["correct"] - other
+            low, high, _ = bca_interval(diff)
+            out[name] = {
+                "action_accuracy": {"difference": round(float(diff.mean()), 4),
+                                    "ci95": [round(low, 4), round(high, 4)], "n": len(diff)}
+            }  # fmt: skip
+        return out
+
+
+def converse_task_metric(pairs: str, rows: list[dict], output_dir: str, max_new_tokens: int = 64):
+    """What train.sft's ``task_metric`` loads for the conversational simulator's pairs."""
+    return ConverseTaskMetric(pairs, rows, output_dir, max_new_tokens)

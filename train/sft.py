@@ -618,9 +618,14 @@ def write_card(
             colour = f"C{k}"
             if key:
                 axes[1].plot(steps, [h[f"eval_{key}"] for h in task_points], "o-", color=colour, label=label)
-            axes[1].axhline(
-                task_points[0][f"eval_{reference}"], color=colour, ls=":", lw=1, label=None if key else label
-            )
+            if reference:  # a series may have no reference (a parse rate)
+                axes[1].axhline(
+                    task_points[0][f"eval_{reference}"],
+                    color=colour,
+                    ls=":",
+                    lw=1,
+                    label=None if key else label,
+                )
         if "kept_step" in task_summary:
             axes[1].axvline(task_summary["kept_step"], color="grey", lw=1)
         axes[1].set_xlabel("step (grey: the kept checkpoint)")
