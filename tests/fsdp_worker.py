@@ -30,6 +30,10 @@ from train.sft import SampleGenerations, check_saved_adapter, make_callback
 def main(model_dir: str, out_dir: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+
+    def reached(phase: str) -> None:  # on stderr, so that a failure in CI says where each rank was
+        print(f"[rank {rank}] {phase}", file=sys.stderr, flush=True)
+
     out = Path(out_dir)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     torch.manual_seed(0)
@@ -47,6 +51,7 @@ def main(model_dir: str, out_dir: str) -> None:
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     model(**batch, labels=batch["input_ids"]).loss.backward()
     optimizer.step()
+    reached("trained one step")
 
     # train.sft's evaluation callback, as the Trainer calls it on every rank (it used to generate on
     # rank 0 only, which waits forever for the other rank's shards)
@@ -54,6 +59,7 @@ def main(model_dir: str, out_dir: str) -> None:
     sampler = SampleGenerations(tokenizer, examples, str(out), max_new_tokens=6)
     state = TrainerState(is_world_process_zero=rank == 0, global_step=1)
     make_callback(sampler).on_evaluate(None, state, TrainerControl(), model=model)
+    reached("generated")
 
     # a naive save from rank 0 alone: PEFT cannot write the local shards; the check must catch it
     naive = out / "naive"
@@ -69,6 +75,7 @@ def main(model_dir: str, out_dir: str) -> None:
 
     # the full state dict: gathered by every rank, written by rank 0, checked and reloaded
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    reached("gathered the full state dict")
     if rank == 0:
         model.save_pretrained(out / "adapter", state_dict=full)
         seen["checked_tensors"] = check_saved_adapter(out / "adapter", model)
@@ -81,9 +88,11 @@ def main(model_dir: str, out_dir: str) -> None:
         seen["reloaded_equal"] = sorted(mine) == sorted(lora) and all(
             torch.equal(mine[k], lora[k]) for k in lora
         )
+    reached("at the final barrier (rank 0 has saved and reloaded)")
     dist.barrier()
     (out / f"rank_{rank}.json").write_text(json.dumps(seen))
     dist.destroy_process_group()
+    reached("destroyed the process group")
 
 
 if __name__ == "__main__":
