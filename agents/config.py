@@ -1,22 +1,30 @@
-"""One loader for the agents' YAML configs: YAML into typed, nested dataclasses, checked on load.
+"""One loader for the three simulators' YAML configs: YAML into typed dataclasses, checked on load.
 
     config = load_yaml("configs/sandbox/movielens.yaml", SandboxConfig, ["rounds=3", "memory.retrieve_top=8"])
+    agent, llm, run = parse_flat(["--config", "configs/review/stats.yaml", "--k_user", "2", ...],
+                                 (AgentConfig, LLMConfig, RunArguments), prog="python -m agents.review run")
 
-A config class is a pydantic dataclass (``config=STRICT``) whose sections are pydantic dataclasses too,
-so the code reading them sees plain dataclasses. Validation is pydantic's: an unknown key, a wrong type
-or an out-of-range value is an error naming the file and the field, e.g.
+Two shapes of file, one loader. The sandbox and the conversational simulator use sections: a config class
+is a pydantic dataclass (``config=STRICT``) whose sections are pydantic dataclasses too, so the code
+reading them sees plain dataclasses. The review runner's files are flat: one mapping whose keys are the
+fields of several dataclasses (its agent, its LLM backend, its run). Validation is pydantic's either way:
+an unknown key, a wrong type or an out-of-range value is an error naming the file and the field, e.g.
 ``configs/sandbox/x.yaml: memory.forget_beta: Input should be greater than 1``. Overrides are
-``section.field=value`` strings, parsed as YAML scalars. Sections named in LLM_SECTIONS hold the shared
-backends' settings (agents/llm.py's LLMConfig). No trl needed (train.sft and the review agent's flat
-flag-style configs go through TrlParser, as TRL intends).
+``section.field=value`` strings (``--set``), parsed as YAML scalars; a flat config also takes each field
+as a flag (``--k_user 2``). Sections named in LLM_SECTIONS hold the shared backends' settings
+(agents/llm.py's LLMConfig). Only train.sft's recipes go through TrlParser, as TRL intends.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import types
+import typing
 from pathlib import Path
 
 import yaml
-from pydantic import ConfigDict, ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from agents.llm import LLMConfig
 
@@ -66,3 +74,128 @@ def load_yaml(path: str | Path | None, cls: type, overrides: list[str] = ()):
         raise ConfigError(f"{path or 'config'}: {where}: {first['msg']}") from None
     except TypeError as error:  # an unknown top-level key of a plain dataclass section
         raise ConfigError(f"{path or 'config'}: {error}") from None
+
+
+# --- flat configs (the review runner): one mapping over the fields of several dataclasses -------------
+
+
+def flat_fields(classes: tuple[type, ...]) -> dict[str, tuple[type, dataclasses.Field, object]]:
+    """Each field name with its class, its field and its resolved type; a name two classes share is an error."""
+    fields: dict[str, tuple[type, dataclasses.Field, object]] = {}
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in fields:
+                raise ConfigError(
+                    f"{f.name}: a field of both {fields[f.name][0].__name__} and {cls.__name__}"
+                )
+            fields[f.name] = (cls, f, hints[f.name])
+    return fields
+
+
+def _kinds(hint) -> set:
+    """The plain types a hint allows (``str | None`` -> {str, NoneType})."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return set().union(*(_kinds(arg) for arg in typing.get_args(hint)))
+    return {typing.get_origin(hint) or hint}
+
+
+def flat_value(name: str, hint, raw):
+    """A command-line value for a field: text stays text for a text field, a dict or list is read as YAML,
+    anything else is left to pydantic's parsing ("2" -> 2, "true" -> True); null, ~ or None is None
+    where the field allows it."""
+    kinds = _kinds(hint)
+    if isinstance(raw, list):  # a flag that takes several values
+        return raw
+    if type(None) in kinds and raw in ("null", "~", "None"):
+        return None
+    if kinds & {dict, list}:
+        try:
+            return yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{name}: not a YAML value ({err})") from None
+    return raw
+
+
+def load_flat(path: str | Path | None, classes: tuple[type, ...], settings: dict | None = None) -> tuple:
+    """The flat YAML file (None: all defaults) with ``settings`` over it, as one instance of each class."""
+    where = str(path) if path else "config"
+    data = (yaml.safe_load(Path(path).read_text()) or {}) if path else {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
+    data = {**data, **(settings or {})}
+    fields = flat_fields(classes)
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: {unknown[0]}: unknown setting")
+    made = []
+    for cls in classes:
+        mine = {k: v for k, v in data.items() if fields[k][0] is cls}
+        try:
+            made.append(TypeAdapter(cls).validate_python(mine))
+        except ValidationError as error:
+            first = error.errors()[0]
+            name = ".".join(str(part) for part in first["loc"])
+            if first["type"] == "missing":
+                raise ConfigError(f"--{name} is required") from None
+            raise ConfigError(f"{where}: {name}: {first['msg']}") from None
+    return tuple(made)
+
+
+def flat_parser(
+    classes: tuple[type, ...], prog: str, description: str | None = None
+) -> argparse.ArgumentParser:
+    """``--config FILE``, ``--set KEY=VALUE ...`` and one flag per field, with the field's help and default."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help="a YAML file of settings (keys: the flags below, without --)")
+    parser.add_argument(
+        "--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="settings over the file's"
+    )
+    for cls in classes:
+        group = parser.add_argument_group(cls.__name__)
+        for f in dataclasses.fields(cls):
+            hint = typing.get_type_hints(cls)[f.name]
+            if f.default is not dataclasses.MISSING:
+                default = f" (default: {f.default})"
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f" (default: {f.default_factory()})"
+            else:
+                default = " (required)"
+            options = {
+                "dest": f.name,
+                "default": argparse.SUPPRESS,
+                "help": f.metadata.get("help", "") + default,
+            }
+            if list in _kinds(hint):
+                options["nargs"] = "+"
+            elif bool in _kinds(hint):
+                options.update(nargs="?", const="true")
+            group.add_argument(f"--{f.name}", **options)
+    return parser
+
+
+def parse_flat(
+    argv: list[str], classes: tuple[type, ...], prog: str, description: str | None = None
+) -> tuple:
+    """A flat config's command line: the file, then ``--set`` items, then flags (a key given twice on the
+    command line is an error). Bad input exits with the parser's usage and the reason."""
+    parser = flat_parser(classes, prog, description)
+    args = vars(parser.parse_args(argv))
+    path, items = args.pop("config", None), args.pop("set")
+    fields = flat_fields(classes)
+    settings = {}
+    try:
+        for item in items:
+            key, equals, raw = item.partition("=")
+            if not (equals and key):
+                raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+            if key not in fields:
+                raise ConfigError(f"--set {item!r}: {key}: unknown setting")
+            settings[key] = flat_value(key, fields[key][2], raw)
+        for key, raw in args.items():
+            if key in settings:
+                raise ConfigError(f"{key}: given both as --set and as --{key}")
+            settings[key] = flat_value(key, fields[key][2], raw)
+        return load_flat(path, classes, settings)
+    except ConfigError as error:
+        parser.error(str(error))

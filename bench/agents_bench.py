@@ -219,8 +219,7 @@ def stats(args: argparse.Namespace) -> dict:
 def reuse(args: argparse.Namespace) -> dict:
     import tempfile
 
-    from trl import TrlParser
-
+    from agents.config import parse_flat
     from agents.encoders import packaged_minilm
     from agents.llm import LLMConfig
     from agents.review.agent import AgentConfig, ReviewAgent
@@ -238,7 +237,7 @@ def reuse(args: argparse.Namespace) -> dict:
         argv += ["--device", "cpu", *(["--answer_cache", str(cache)] if cached else [])]
         for key, value in extra.items():
             argv += [f"--{key}", str(value)]
-        agent_config, llm_config = TrlParser((AgentConfig, LLMConfig)).parse_args_and_config(args=argv)
+        agent_config, llm_config = parse_flat(argv, (AgentConfig, LLMConfig), prog="agents_bench reuse")
         return ReviewAgent(agent_config, llm_config, store, encoder)
 
     started = time.perf_counter()

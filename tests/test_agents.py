@@ -16,6 +16,7 @@ import pytest
 import yaml
 from openai_fakes import ChatHandler
 
+from agents.config import parse_flat
 from agents.encoders import packaged_minilm
 from agents.llm import (
     Answer,
@@ -945,7 +946,7 @@ def test_suite_passes_set_values_to_the_llm_agents_and_rejects_malformed_ones(mo
     monkeypatch.setattr(suite, "run_suite", lambda *args: seen.append(args[5]))
     base = ["--data", "d", "--tasks", "t", "--out", "o"]
     suite.main([*base, "--set", "k_user=4", "prompt_tokens=512"])
-    assert seen[0] == [*suite.generation_args(), "--k_user", "4", "--prompt_tokens", "512"]
+    assert seen[0] == [*suite.generation_args(), "--set", "k_user=4", "prompt_tokens=512"]
     with pytest.raises(SystemExit):
         suite.main([*base, "--set", "k_user"])
     assert len(seen) == 1
@@ -1046,13 +1047,12 @@ def test_vllm_backend_passes_the_adapter_as_a_lora_request(tmp_path, monkeypatch
 
 
 def test_every_shipped_agent_config_parses():
-    from trl import TrlParser
-
     configs = sorted((Path(__file__).parents[1] / "configs" / "review").glob("*.yaml"))
     assert {p.stem for p in configs} >= {"stats", "asc-baseline", "retrieval-llm", "tuned"}
     for path in configs:
-        parser = TrlParser((AgentConfig, simulate.LLMConfig, simulate.RunArguments))
-        agent, llm, _ = parser.parse_args_and_config(["--config", str(path), "--out", "x"])
+        agent, llm, _ = parse_flat(
+            ["--config", str(path), "--out", "x"], simulate.CONFIG_CLASSES, prog="test"
+        )
         assert agent.kind in KINDS and agent.kind == yaml.safe_load(path.read_text())["kind"]
         assert llm.backend in ("hf", "vllm", "openai")
         if agent.kind in ("tuned", "tuned-write") and llm.backend == "hf":  # the demo adapter's budget

@@ -108,24 +108,6 @@ def test_the_one_module_eval_review_names_still_resolve_with_a_warning():
         _ = eval.review.no_such_name
 
 
-def test_review_run_takes_set_overrides_like_the_other_simulators():
-    from agents.review.simulate import set_flags
-
-    argv = ["--config", "c.yaml", "--set", "k_user=4", "prompt_tokens=512", "--limit", "3"]
-    assert set_flags(argv) == [
-        "--config",
-        "c.yaml",
-        "--k_user",
-        "4",
-        "--prompt_tokens",
-        "512",
-        "--limit",
-        "3",
-    ]
-    with pytest.raises(SystemExit, match="KEY=VALUE, got 'k_user'"):
-        set_flags(["--set", "k_user"])
-
-
 def test_the_review_evaluations_import_by_name_in_a_fresh_process():
     """A package attribute hook once sent ``from eval.review import baselines`` into endless recursion
     when nothing had imported eval.review.score first (this process has, so it runs apart)."""

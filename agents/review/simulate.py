@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from agents.config import parse_flat
 from agents.llm import EXECUTION_FIELDS as LLM_EXECUTION_FIELDS
 from agents.llm import LLMConfig, Sampling
 from agents.review import official
@@ -79,6 +80,10 @@ class RunArguments:
     overwrite: bool = field(
         default=False, metadata={"help": "discard earlier work in --out made from other inputs"}
     )
+
+
+# A review config file is flat: its keys are the fields of these three (agents/config.py's parse_flat).
+CONFIG_CLASSES = (AgentConfig, LLMConfig, RunArguments)
 
 
 def finished(path: Path) -> dict[int, dict]:
@@ -507,31 +512,9 @@ def moved_config(argv: list[str]) -> list[str]:
     return argv
 
 
-def set_flags(argv: list[str]) -> list[str]:
-    """``--set KEY=VALUE ...`` (the override form of the sandbox and the conversational simulator) as the
-    ``--KEY VALUE`` flags the review configs' parser reads; a malformed item is an error."""
-    out, i = [], 0
-    while i < len(argv):
-        if argv[i] != "--set":
-            out.append(argv[i])
-            i += 1
-            continue
-        i += 1
-        while i < len(argv) and not argv[i].startswith("--"):
-            key, equals, value = argv[i].partition("=")
-            if not (equals and key and value):
-                raise SystemExit(f"error: --set takes KEY=VALUE, got {argv[i]!r}")
-            out += [f"--{key}", value]
-            i += 1
-    return out
-
-
 def main(argv: list[str] | None = None) -> dict | None:
-    from trl import TrlParser
-
-    parser = TrlParser((AgentConfig, LLMConfig, RunArguments), prog="python -m agents.review run")
-    argv = set_flags(moved_config(sys.argv[1:] if argv is None else argv))
-    agent_config, llm_config, args = parser.parse_args_and_config(args=argv)
+    argv = moved_config(sys.argv[1:] if argv is None else argv)
+    agent_config, llm_config, args = parse_flat(argv, CONFIG_CLASSES, prog="python -m agents.review run")
     if args.merge:
         return merge(args.merge, Path(args.out), args.tasks)
     if not args.data or not args.tasks:

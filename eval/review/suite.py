@@ -401,10 +401,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     extra = generation_args(args.batch_size, args.max_new_tokens)
-    try:
-        extra += simulate.set_flags(["--set", *args.set]) if args.set else []
-    except SystemExit as error:
-        parser.error(str(error).removeprefix("error: "))
+    malformed = [item for item in args.set if not item.partition("=")[0] or "=" not in item]
+    if malformed:
+        parser.error(f"--set takes KEY=VALUE, got {malformed[0]!r}")
+    extra += ["--set", *args.set] if args.set else []
     run_suite(
         args.data,
         args.tasks,
