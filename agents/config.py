@@ -100,102 +100,126 @@ def _kinds(hint) -> set:
     return {typing.get_origin(hint) or hint}
 
 
-def flat_value(name: str, hint, raw):
-    """A command-line value for a field: text stays text for a text field, a dict or list is read as YAML,
-    anything else is left to pydantic's parsing ("2" -> 2, "true" -> True); null, ~ or None is None
-    where the field allows it."""
-    kinds = _kinds(hint)
-    if isinstance(raw, list):  # a flag that takes several values
+def _textual(hint) -> bool:
+    return str in _kinds(hint) and not _kinds(hint) & {int, float, bool, dict, list}
+
+
+def flat_value(hint, raw: str | list[str]):
+    """A command-line value for a field: text stays text for a text field; anything else is read as a YAML
+    scalar or mapping ("2" -> 2, "true" -> True, "{a: 1}" -> {"a": 1}); null, ~ or None is None where
+    the field allows it. A flag that takes several values gives its list as it is."""
+    if isinstance(raw, list):
         return raw
-    if type(None) in kinds and raw in ("null", "~", "None"):
+    if type(None) in _kinds(hint) and raw in ("null", "~", "None"):
         return None
-    if kinds & {dict, list}:
-        try:
-            return yaml.safe_load(raw)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{name}: not a YAML value ({err})") from None
-    return raw
+    if _textual(hint):
+        return raw
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw  # not YAML: the type check below names the setting
 
 
 def load_flat(path: str | Path | None, classes: tuple[type, ...], settings: dict | None = None) -> tuple:
-    """The flat YAML file (None: all defaults) with ``settings`` over it, as one instance of each class."""
+    """The flat YAML file (None: all defaults) with ``settings`` (typed values, the command line's) over
+    it, as one instance of each class. Each value is checked strictly against its field's type: a number
+    in a file is text where the field is text (``device: 0``), but a flag is no number and 2.0 is no
+    count. An error names the file and the setting, or the flag when the value came from the command line."""
     where = str(path) if path else "config"
     data = (yaml.safe_load(Path(path).read_text()) or {}) if path else {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
-    data = {**data, **(settings or {})}
     fields = flat_fields(classes)
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{where}: {unknown[0]}: unknown setting")
+    for name, value in data.items():  # a YAML number where the field is text: the text as written
+        if _textual(fields[name][2]) and isinstance(value, int | float) and not isinstance(value, bool):
+            data[name] = str(value)
+    given = settings or {}
+    data.update(given)
+    checked = {}
+    for name, value in data.items():
+        try:
+            checked[name] = TypeAdapter(fields[name][2]).validate_python(value, strict=True)
+        except ValidationError as error:
+            source = f"--{name}" if name in given else f"{where}: {name}"
+            raise ConfigError(f"{source}: {error.errors()[0]['msg']} (got {value!r})") from None
     made = []
     for cls in classes:
-        mine = {k: v for k, v in data.items() if fields[k][0] is cls}
-        try:
-            made.append(TypeAdapter(cls).validate_python(mine))
-        except ValidationError as error:
-            first = error.errors()[0]
-            name = ".".join(str(part) for part in first["loc"])
-            if first["type"] == "missing":
-                raise ConfigError(f"--{name} is required") from None
-            raise ConfigError(f"{where}: {name}: {first['msg']}") from None
+        mine = {k: v for k, v in checked.items() if fields[k][0] is cls}
+        required = [f.name for f in dataclasses.fields(cls) if f.name not in mine and _required(f)]
+        if required:
+            raise ConfigError(f"--{required[0]} is required")
+        made.append(cls(**mine))
     return tuple(made)
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+class _InOrder(argparse.Action):
+    """Keeps every flag and ``--set`` item in command-line order, so the last one given for a key wins."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, "given", None) or []
+        if self.dest == "set":
+            for item in values:
+                key, equals, raw = item.partition("=")
+                if not (equals and key):
+                    parser.error(f"--set {item!r}: expected KEY=VALUE")
+                given.append((key, raw))
+        else:
+            given.append((self.dest, values))
+        namespace.given = given
 
 
 def flat_parser(
     classes: tuple[type, ...], prog: str, description: str | None = None
 ) -> argparse.ArgumentParser:
     """``--config FILE``, ``--set KEY=VALUE ...`` and one flag per field, with the field's help and default."""
+    fields = flat_fields(classes)
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", help="a YAML file of settings (keys: the flags below, without --)")
     parser.add_argument(
-        "--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="settings over the file's"
-    )
-    for cls in classes:
-        group = parser.add_argument_group(cls.__name__)
-        for f in dataclasses.fields(cls):
-            hint = typing.get_type_hints(cls)[f.name]
-            if f.default is not dataclasses.MISSING:
-                default = f" (default: {f.default})"
-            elif f.default_factory is not dataclasses.MISSING:
-                default = f" (default: {f.default_factory()})"
-            else:
-                default = " (required)"
-            options = {
-                "dest": f.name,
-                "default": argparse.SUPPRESS,
-                "help": f.metadata.get("help", "") + default,
-            }
-            if list in _kinds(hint):
-                options["nargs"] = "+"
-            elif bool in _kinds(hint):
-                options.update(nargs="?", const="true")
-            group.add_argument(f"--{f.name}", **options)
+        "--set", nargs="+", action=_InOrder, metavar="KEY=VALUE",
+        help="settings over the file's, as the other simulators take them; where a key is given more than "
+        "once on the command line (as --set or as its flag), the last one wins",
+    )  # fmt: skip
+    groups = {cls: parser.add_argument_group(cls.__name__) for cls in classes}
+    for name, (cls, f, hint) in fields.items():
+        if f.default is not dataclasses.MISSING:
+            default = f"default: {f.default}"
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f"default: {f.default_factory()}"
+        else:
+            default = "required"
+        text = f"{f.metadata.get('help', '')} ({default})".strip().replace("%", "%%")
+        options = {"dest": name, "action": _InOrder, "help": text}
+        if list in _kinds(hint):
+            options["nargs"] = "+"
+        elif bool in _kinds(hint):
+            options.update(nargs="?", const="true")
+        groups[cls].add_argument(f"--{name}", **options)
+    parser.set_defaults(given=[])
     return parser
 
 
 def parse_flat(
     argv: list[str], classes: tuple[type, ...], prog: str, description: str | None = None
 ) -> tuple:
-    """A flat config's command line: the file, then ``--set`` items, then flags (a key given twice on the
-    command line is an error). Bad input exits with the parser's usage and the reason."""
+    """A flat config's command line: the file, then the ``--set`` items and flags in the order given (the
+    last one for a key wins). Bad input exits with the parser's usage and the reason."""
     parser = flat_parser(classes, prog, description)
-    args = vars(parser.parse_args(argv))
-    path, items = args.pop("config", None), args.pop("set")
+    args = parser.parse_args(argv)
     fields = flat_fields(classes)
     settings = {}
+    for key, raw in args.given:
+        if key not in fields:
+            parser.error(f"--set {key}={raw}: {key}: unknown setting")
+        settings[key] = flat_value(fields[key][2], raw)
     try:
-        for item in items:
-            key, equals, raw = item.partition("=")
-            if not (equals and key):
-                raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
-            if key not in fields:
-                raise ConfigError(f"--set {item!r}: {key}: unknown setting")
-            settings[key] = flat_value(key, fields[key][2], raw)
-        for key, raw in args.items():
-            if key in settings:
-                raise ConfigError(f"{key}: given both as --set and as --{key}")
-            settings[key] = flat_value(key, fields[key][2], raw)
-        return load_flat(path, classes, settings)
-    except ConfigError as error:
+        return load_flat(args.config, classes, settings)
+    except (ConfigError, OSError, yaml.YAMLError) as error:
         parser.error(str(error))

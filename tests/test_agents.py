@@ -945,10 +945,14 @@ def test_suite_passes_set_values_to_the_llm_agents_and_rejects_malformed_ones(mo
     seen = []
     monkeypatch.setattr(suite, "run_suite", lambda *args: seen.append(args[5]))
     base = ["--data", "d", "--tasks", "t", "--out", "o"]
-    suite.main([*base, "--set", "k_user=4", "prompt_tokens=512"])
-    assert seen[0] == [*suite.generation_args(), "--set", "k_user=4", "prompt_tokens=512"]
+    suite.main([*base, "--set", "k_user=4", "max_new_tokens=128"])
+    assert seen[0] == [*suite.generation_args(), "--set", "k_user=4", "max_new_tokens=128"]
+    agent, *_ = parse_flat([*seen[0], "--out", "x"], simulate.CONFIG_CLASSES, prog="test")
+    assert (agent.k_user, agent.max_new_tokens) == (4, 128)  # over the suite's own --max_new_tokens 96
     with pytest.raises(SystemExit):
         suite.main([*base, "--set", "k_user"])
+    with pytest.raises(SystemExit):  # refused before any agent runs
+        suite.main([*base, "--set", "k_usr=4"])
     assert len(seen) == 1
 
 

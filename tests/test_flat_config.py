@@ -45,21 +45,42 @@ def test_flags_without_a_value_and_with_several():
     assert run.overwrite is False
 
 
-def test_bad_values_are_refused_with_the_field_named(capsys, tmp_path):
-    assert "k_user: Input should be a valid integer" in refused(capsys, "--out", "x", "--set", "k_user=many")
+def test_the_last_value_given_on_the_command_line_wins():
+    agent, *_ = parse("--out", "x", "--set", "k_user=2", "--k_user", "3")
+    assert agent.k_user == 3
+    agent, *_ = parse("--out", "x", "--k_user", "3", "--set", "k_user=2", "--set", "k_item=1")
+    assert (agent.k_user, agent.k_item) == (2, 1)
+
+
+def test_bad_values_are_refused_with_the_setting_and_its_source_named(capsys, tmp_path):
+    assert "--k_user: Input should be a valid integer" in refused(capsys, "--config", STATS, "--out", "x",
+                                                                   "--set", "k_user=many")  # fmt: skip
+    assert "--k_user: Input should be a valid integer" in refused(capsys, "--out", "x", "--k_user", "2.0")
     assert "--set 'k_user': expected KEY=VALUE" in refused(capsys, "--out", "x", "--set", "k_user")
     assert "nope: unknown setting" in refused(capsys, "--out", "x", "--set", "nope=1")
-    assert "k_user: given both as --set and as --k_user" in refused(
-        capsys, "--out", "x", "--set", "k_user=2", "--k_user", "3"
-    )
     assert "--out is required" in refused(capsys, "--config", STATS)
     assert "unrecognized arguments: --nope" in refused(capsys, "--out", "x", "--nope", "1")
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: stats\nk_usr: 2\n")
     assert f"{bad}: k_usr: unknown setting" in refused(capsys, "--config", str(bad), "--out", "x")
+    bad.write_text("kind: stats\nk_user: true\n")  # a flag is no count
+    assert f"{bad}: k_user: Input should be a valid integer" in refused(
+        capsys, "--config", str(bad), "--out", "x"
+    )
+    assert "No such file" in refused(capsys, "--config", str(tmp_path / "missing.yaml"), "--out", "x")
     with pytest.raises(ConfigError, match="expected a mapping"):
         bad.write_text("- kind\n")
         load_flat(bad, CONFIG_CLASSES, {"out": "x"})
+
+
+def test_a_number_in_a_file_is_text_where_the_setting_is_text(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("device: 0\nmodel: 123\ntemperature: 0\nutility_weights: {sentiment: 4}\n")
+    agent, llm, _ = load_flat(config, CONFIG_CLASSES, {"out": "x"})
+    assert (llm.device, llm.model) == ("0", "123")
+    assert (
+        repr(agent.temperature) == "0.0" and repr(agent.utility_weights) == "{'sentiment': 4.0}"
+    )  # floats: one fingerprint
 
 
 def test_help_lists_every_field_with_its_help_and_default(capsys):

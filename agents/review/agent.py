@@ -141,7 +141,7 @@ class AgentConfig:
     no_repeat_ngram_size: int = field(
         default=0, metadata={"help": "every answer and sample: no n-gram of this size twice (hf; 0: off)"}
     )
-    utility_weights: dict = field(
+    utility_weights: dict[str, float] = field(
         default_factory=lambda: {name: 1.0 for name in write.FEATURES},
         metadata={
             "help": "tuned-write: the weight of each utility feature (agents.review.write.FEATURES); a "

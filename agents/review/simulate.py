@@ -75,7 +75,7 @@ class RunArguments:
     data: str | None = field(default=None, metadata={"help": "build folder (data_prep.build)"})
     tasks: str | None = field(default=None, metadata={"help": "task folder (data_prep.split)"})
     limit: int | None = field(default=None, metadata={"help": "only the first N tasks"})
-    shard: str | None = field(default=None, metadata={"help": "i/n: the tasks with task_id %% n == i"})
+    shard: str | None = field(default=None, metadata={"help": "i/n: the tasks with task_id % n == i"})
     merge: list[str] | None = field(default=None, metadata={"help": "shard run folders to merge into --out"})
     overwrite: bool = field(
         default=False, metadata={"help": "discard earlier work in --out made from other inputs"}
@@ -514,7 +514,9 @@ def moved_config(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> dict | None:
     argv = moved_config(sys.argv[1:] if argv is None else argv)
-    agent_config, llm_config, args = parse_flat(argv, CONFIG_CLASSES, prog="python -m agents.review run")
+    agent_config, llm_config, args = parse_flat(
+        argv, CONFIG_CLASSES, prog="python -m agents.review run", description=__doc__.splitlines()[0]
+    )
     if args.merge:
         return merge(args.merge, Path(args.out), args.tasks)
     if not args.data or not args.tasks:

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import yaml
 
+from agents.config import flat_fields
 from agents.review import simulate
 from agents.review.select import option_name
 from data_prep.paths import REPO_ROOT
@@ -397,14 +398,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="LLM agents: tasks per batch")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="LLM agents: answer length cap")
     parser.add_argument(
-        "--set", nargs="+", default=[], metavar="KEY=VALUE", help="LLM agents: the review runner's settings"
-    )
+        "--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+        help="LLM agents: the review runner's settings (over the suite's own, such as --max-new-tokens)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     extra = generation_args(args.batch_size, args.max_new_tokens)
-    malformed = [item for item in args.set if not item.partition("=")[0] or "=" not in item]
-    if malformed:
-        parser.error(f"--set takes KEY=VALUE, got {malformed[0]!r}")
-    extra += ["--set", *args.set] if args.set else []
+    known = flat_fields(simulate.CONFIG_CLASSES)
+    for item in args.set:  # checked before any agent runs
+        key, equals, _ = item.partition("=")
+        if not (equals and key):
+            parser.error(f"--set takes KEY=VALUE, got {item!r}")
+        if key not in known:
+            parser.error(f"--set {item}: {key} is no setting of the review runner")
+    extra += ["--set", *args.set] if args.set else []  # after the suite's own flags: the user's win
     run_suite(
         args.data,
         args.tasks,
