@@ -64,7 +64,7 @@ def agent_flags(name: str, port: int, key_env: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m agents.vllm_serve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m agents.vllm_serve", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--adapter", type=Path, required=True, help="a train.sft output folder (PEFT adapter)"
     )

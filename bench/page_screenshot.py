@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, default=Path("runs/sandbox/demo"))
     parser.add_argument("--out", type=Path, default=Path("docs/figures/sandbox_page.png"))
     parser.add_argument("--agent", help="the agent to open (default: the first listed)")

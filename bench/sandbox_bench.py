@@ -418,7 +418,7 @@ def score_cost(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("pareto")
     fit.add_argument("--data", default="../shared/data/raw/movielens_latest_small")

@@ -224,7 +224,7 @@ def is_validation(user: int, fraction: float, seed: int) -> bool:
 
 
 def main(argv: list[str] | None = None, embed=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=Path("../shared/data/raw/movielens_latest_small"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--before", required=True, help="every pair strictly before this date (YYYY-MM-DD)")

@@ -194,7 +194,7 @@ def make_examples(loaded, tokenizer, language: str, max_tokens: int) -> tuple[li
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=Path("../shared/data/raw/recllmsim"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--language", choices=["en", "zh"], default="en")

@@ -295,7 +295,7 @@ def load_task_contexts(root: str | Path) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="../shared/data/raw/recllmsim")
     args = parser.parse_args(argv)
     loaded = load(args.data)

@@ -110,7 +110,7 @@ def zero_stage(accelerate_config: str | Path) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, required=True, help="all processes: nodes x GPUs")
     parser.add_argument("--accelerate-config", help="the accelerate config the job launches with")
     parser.add_argument("recipe")

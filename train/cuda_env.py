@@ -74,7 +74,7 @@ def verdict(driver: str | None, cuda: str | None, torch_version: str) -> tuple[b
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    argparse.ArgumentParser(prog="python -m train.cuda_env", description=__doc__.splitlines()[0]).parse_args(
+    argparse.ArgumentParser(prog="python -m train.cuda_env", description=__doc__.split("\n\n")[0]).parse_args(
         argv
     )
     import torch

@@ -53,7 +53,7 @@ def make_app(catalogue_path: str) -> FastAPI:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--catalogue", default="../shared/data/raw/yelp_asc_sample/item_subset.json")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

@@ -342,7 +342,7 @@ def run(args, backend=None, crs_backend=None) -> dict:
 def main(argv: list[str] | None = None) -> None:
     """``python -m agents.converse run``'s options (agents/converse/cli.py has the verbs)."""
     parser = argparse.ArgumentParser(
-        prog="python -m agents.converse run", description=__doc__.splitlines()[0]
+        prog="python -m agents.converse run", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True)

@@ -515,7 +515,7 @@ def moved_config(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> dict | None:
     argv = moved_config(sys.argv[1:] if argv is None else argv)
     agent_config, llm_config, args = parse_flat(
-        argv, CONFIG_CLASSES, prog="python -m agents.review run", description=__doc__.splitlines()[0]
+        argv, CONFIG_CLASSES, prog="python -m agents.review run", description=__doc__.split("\n\n")[0]
     )
     if args.merge:
         return merge(args.merge, Path(args.out), args.tasks)

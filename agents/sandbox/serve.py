@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser(
-        prog="python -m agents.sandbox.serve", description=__doc__.splitlines()[0]
+        prog="python -m agents.sandbox.serve", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--run", required=True, help="the run folder (created when new)")
     parser.add_argument(

@@ -14,7 +14,7 @@ from eval.converse.run import evaluate
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m eval.converse", description=PACKAGE_DOC.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.converse", description=PACKAGE_DOC.split("\n\n")[0])
     parser.add_argument("--run", type=Path, help="a run folder of agents.converse")
     parser.add_argument("--data", type=Path, default=Path("../shared/data/raw/recllmsim"))
     parser.add_argument("--out", type=Path)
