@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import types
 import typing
 from pathlib import Path
@@ -79,8 +80,10 @@ def load_yaml(path: str | Path | None, cls: type, overrides: list[str] = ()):
 # --- flat configs (the review runner): one mapping over the fields of several dataclasses -------------
 
 
+@functools.cache  # the parser, the command line and the loader all ask; resolving the hints once is enough
 def flat_fields(classes: tuple[type, ...]) -> dict[str, tuple[type, dataclasses.Field, object]]:
-    """Each field name with its class, its field and its resolved type; a name two classes share is an error."""
+    """Each field name with its class, its field and its resolved type; a name two classes share is an
+    error. The mapping is shared between callers: read it, never change it."""
     fields: dict[str, tuple[type, dataclasses.Field, object]] = {}
     for cls in classes:
         hints = typing.get_type_hints(cls)
