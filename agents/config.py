@@ -37,11 +37,17 @@ class ConfigError(ValueError):
     pass
 
 
+def split_setting(item: str) -> tuple[str, str]:
+    """``KEY=VALUE`` as (key, raw value text); a clear error for anything else."""
+    key, equals, raw = item.partition("=")
+    if not (equals and key):
+        raise ConfigError(f"{item!r}: expected KEY=VALUE")
+    return key, raw
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r}: expected section.field=value")
+        key, raw = split_setting(item)
         *sections, name = key.split(".")
         node = data
         for section in sections:
@@ -169,10 +175,10 @@ class _InOrder(argparse.Action):
         given = getattr(namespace, "given", None) or []
         if self.dest == "set":
             for item in values:
-                key, equals, raw = item.partition("=")
-                if not (equals and key):
-                    parser.error(f"--set {item!r}: expected KEY=VALUE")
-                given.append((key, raw))
+                try:
+                    given.append(split_setting(item))
+                except ConfigError as err:
+                    parser.error(f"--set {err}")
         else:
             given.append((self.dest, values))
         namespace.given = given

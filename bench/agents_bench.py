@@ -1,4 +1,4 @@
-"""Benchmarks of the review agents (issue 5), each comparison measured side by side in one run.
+"""Benchmarks of the review agents, each comparison measured side by side in one run.
 
     # batched hf generation vs one conversation at a time, same prompts, greedy (about 6 minutes)
     python -m bench.agents_bench generation --data runs/demo/data/amazon --tasks runs/demo/tasks/amazon

@@ -1,5 +1,5 @@
 """Benchmark: the offline base models side by side on the CPU, per LoRA training step and per generated
-token, on the same real training pairs (issue 13: is Gemma 3 270M affordable as the CPU default?).
+token, on the same real training pairs: is Gemma 3 270M affordable as the CPU default?
 
     python -m bench.base_model_bench --pairs runs/quality/amazon/pairs_all --out runs/bench/base_models.json
     python -m bench.base_model_bench ... --models smollm2-135m-instruct-offline gemma3-270m-offline

@@ -1,5 +1,5 @@
 """Has an adapter learned where an answer ends? The probability of EOS right after each true completion of
-validation pairs, teacher-forced (issue 13: the Gemma 3 270M adapter ran every answer to the token cap).
+validation pairs, teacher-forced. The Gemma 3 270M adapter ran every answer to the token cap; this measures why.
 
     python -m bench.end_of_turn --adapter runs/quality/amazon/sft_gemma --model gemma3-270m-offline \\
         --pairs runs/quality/amazon/pairs_gemma --rows 20

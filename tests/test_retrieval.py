@@ -40,7 +40,7 @@ def test_retriever_ranks_and_encodes_each_text_once():
 def test_a_tie_to_the_centroid_goes_to_the_older_review_whatever_the_float_noise(monkeypatch):
     """A user with two reviews: both are exactly as close to their centroid. Float32 embeddings of a
     text differ in the 7th digit with the batch they were encoded in; that noise must not decide which
-    review the nearest-centroid baseline and the MBR pool pick (issue 26: they disagreed on two tasks)."""
+    review the nearest-centroid baseline and the MBR pool pick (they once disagreed on two tasks)."""
     import agents.retrieval
     from agents.retrieval import Retriever, top_indices
 

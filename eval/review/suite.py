@@ -48,7 +48,7 @@ from pathlib import Path
 
 import yaml
 
-from agents.config import flat_fields
+from agents.config import ConfigError, flat_fields, split_setting
 from agents.review import simulate
 from agents.review.select import option_name
 from data_prep.paths import REPO_ROOT
@@ -59,7 +59,7 @@ from eval.review.score import compare, narrow, per_task_terms
 from eval.review.score import main as evaluate_predictions
 
 KINDS = ("stats", "stats-mbr", "asc-baseline", "retrieval-llm", "tuned", "tuned-mbr", "tuned-write")
-DEFAULT_KINDS = KINDS  # tuned-mbr: what won on the held-out tasks (bench/README.md, issue 13)
+DEFAULT_KINDS = KINDS
 CONFIGS = REPO_ROOT / "configs" / "review"
 ANSWER_CACHE = "answers.sqlite"  # in OUT: the LLM agents' greedy answers (agents.llm, answer_cache)
 # (a, b, metric): the claims the suite checks, each as a paired difference over the same tasks
@@ -405,9 +405,10 @@ def main(argv: list[str] | None = None) -> None:
     extra = generation_args(args.batch_size, args.max_new_tokens)
     known = flat_fields(simulate.CONFIG_CLASSES)
     for item in args.set:  # checked before any agent runs
-        key, equals, _ = item.partition("=")
-        if not (equals and key):
-            parser.error(f"--set takes KEY=VALUE, got {item!r}")
+        try:
+            key, _ = split_setting(item)
+        except ConfigError as err:
+            parser.error(f"--set {err}")
         if key not in known:
             parser.error(f"--set {item}: {key} is no setting of the review runner")
     extra += ["--set", *args.set] if args.set else []  # after the suite's own flags: the user's win
