@@ -152,3 +152,25 @@ def paired_claim(a, b, confidence: float = 0.95) -> dict:
         "resamples_above_zero": round(share, 4),
         "users": len(diff),
     }
+
+
+def claims_lines(claims: list[dict], columns: dict | None = None) -> list[str]:
+    """One markdown table of ``paired_claim`` records, each with its "claim" name: a blank line, the header
+    and a row per claim (none without claims). ``columns`` adds cells after the name: header -> a
+    function of the record giving the cell's text."""
+    if not claims:
+        return []
+    columns = columns or {}
+    confidence = claims[0]["confidence"]
+    header = [
+        "claim",
+        *columns,
+        "difference",
+        f"{confidence:.2%} CI (paired BCa, Bonferroni over {len(claims)})",
+    ]
+    lines = ["", "| " + " | ".join([*header, "resamples > 0"]) + " |", "|" + "---|" * (len(header) + 1)]
+    for c in claims:
+        cells = [c["claim"], *(cell(c) for cell in columns.values()), f"{c['difference']:+.3f}"]
+        cells += [f"[{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"{c['resamples_above_zero']:.1%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines

@@ -140,3 +140,21 @@ def test_paired_bootstrap_interval_matches_scipy_bca_on_hand_made_differences():
     reference = bootstrap((diff,), np.mean, n_resamples=999, method="BCa", rng=3).confidence_interval
     assert result["difference"] == pytest.approx(diff.mean())
     assert result["ci95"] == pytest.approx([reference.low, reference.high])
+
+
+def test_claims_lines_render_each_claim_with_its_bonferroni_level_and_extra_columns():
+    from eval.metrics import claims_lines, paired_claim
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(1.0, 0.1, 50), rng.normal(0.0, 0.1, 50)
+    claims = [
+        {"claim": "x > y", "setting": "1,5", **paired_claim(a, b, 1 - 0.05 / 2)},
+        {"claim": "y > x", "setting": "3,3", **paired_claim(b, a, 1 - 0.05 / 2)},
+    ]
+    lines = claims_lines(claims, {"setting": lambda c: f"({c['setting']})"})
+    assert lines[1] == "| claim | setting | difference | 97.50% CI (paired BCa, Bonferroni over 2) | resamples > 0 |"
+    assert lines[2] == "|---|---|---|---|---|"
+    first, second = lines[3].split(" | "), lines[4].split(" | ")
+    assert first[:3] == ["| x > y", "(1,5)", f"{claims[0]['difference']:+.3f}"] and first[-1] == "100.0% |"
+    assert second[2].startswith("-") and second[-1] == "0.0% |"
+    assert claims_lines([]) == []

@@ -43,7 +43,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.retrieval import top_indices
-from eval.metrics import bca_interval, paired_claim
+from eval.metrics import bca_interval, claims_lines, paired_claim
 from eval.sandbox.cases import (
     CHUNK,
     HORIZON,
@@ -553,18 +553,7 @@ def table(results: dict, methods: list[str]) -> str:
         lines.append(f"| {method} | left out: {why} |" + " |" * (len(keys) - 1))
     for name, values in PAPER.items():
         lines.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |")
-    if results["claims"]:
-        confidence = results["claims"][0]["confidence"]
-        lines += [
-            "",
-            f"| claim | setting | difference | {confidence:.2%} CI (paired BCa, Bonferroni over {len(results['claims'])}) | resamples > 0 |",
-            "|---|---|---|---|---|",
-        ]
-        for c in results["claims"]:
-            lines.append(
-                f"| {c['claim']} | ({c['setting']}) | {c['difference']:+.3f} | [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | "
-                f"{c['resamples_above_zero']:.1%} |"
-            )
+    lines += claims_lines(results["claims"], {"setting": lambda c: f"({c['setting']})"})
     return "\n".join(lines) + "\n"
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from eval.metrics import bca_interval, paired_claim
+from eval.metrics import bca_interval, claims_lines, paired_claim
 from eval.sandbox.cases import (
     HORIZON,
     AgentRow,
@@ -380,17 +380,7 @@ def table(results: dict) -> str:
     for method, why in results["left_out"].items():
         lines.append(f"| {method} | left out: {why} | |")
     lines.append(f"| ceiling (the real next films any page showed) | {results['ceiling_recall']:.3f} | |")
-    if results["claims"]:
-        confidence = results["claims"][0]["confidence"]
-        lines += [
-            "",
-            f"| claim | difference | {confidence:.2%} CI (paired BCa, Bonferroni over {len(results['claims'])}) | resamples > 0 |",
-            "|---|---|---|---|",
-        ]
-        for c in results["claims"]:
-            lines.append(
-                f"| {c['claim']} | {c['difference']:+.3f} | [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}] | {c['resamples_above_zero']:.1%} |"
-            )
+    lines += claims_lines(results["claims"])
     if results.get("ablations"):
         confidence = results["ablations"][0]["confidence"]
         lines += [
