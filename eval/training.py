@@ -99,6 +99,33 @@ CHOICE_PLOT = {
 RATING_SERIES = {"rating MAE (stars)": ["task_rating_mae", "user_mean_rating_mae"]}
 
 
+NOT_KEPT = "the kept step was evaluated before this process resumed: no paired comparison"
+
+
+def kept_and_references(history: list[dict], best_step: int | None, key: str, baseline: tuple[str, object]):
+    """The evaluation kept (the best step's; without one, the last) and what the card compares it with,
+    by name: the base model (step 0, where the adapter's B matrices start at zero) when the kept step is
+    another one, then ``baseline`` (name, per-example values). ``key``: the per-example values of a
+    history entry. None and {} when the kept step was evaluated before this process resumed."""
+    by_step = {h["step"]: h for h in history}
+    kept = by_step.get(best_step) if best_step is not None else (history[-1] if history else None)
+    if kept is None:
+        return None, {}
+    references = {"adapter_minus_base": by_step[0][key]} if 0 in by_step and kept["step"] != 0 else {}
+    return kept, {**references, baseline[0]: baseline[1]}
+
+
+def paired_share(a: np.ndarray, b: np.ndarray) -> dict:
+    """a - b for per-example 0/1 (or shared-credit) scores: the mean difference, its BCa 95% interval, n."""
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    low, high, _ = bca_interval(diff)
+    return {
+        "difference": round(float(diff.mean()), 4),
+        "ci95": [round(low, 4), round(high, 4)],
+        "n": len(diff),
+    }
+
+
 class ReviewTaskMetric:
     """Greedy answers for some validation pairs, scored beside the copy baseline (module docstring)."""
 
@@ -158,19 +185,12 @@ class ReviewTaskMetric:
         model (step 0: the adapter's B matrices start at zero) and against the copy baseline."""
         curve = [{k: v for k, v in h.items() if k != "terms"} for h in self.history]
         out = {"examples": len(self.rows), "curve": curve, "plot": REVIEW_PLOT}
-        by_step = {h["step"]: h for h in self.history}
-        kept = (
-            by_step.get(best_step) if best_step is not None else (self.history[-1] if self.history else None)
+        kept, comparisons = kept_and_references(
+            self.history, best_step, "terms", ("adapter_minus_copy", terms_of(self.copy))
         )
         if kept is None:
-            out["kept_step"] = best_step
-            out["note"] = "the kept step was evaluated before this process resumed: no paired comparison"
-            return out
+            return {**out, "kept_step": best_step, "note": NOT_KEPT}
         out["kept_step"] = kept["step"]
-        comparisons = {}
-        if 0 in by_step and kept["step"] != 0:
-            comparisons["adapter_minus_base"] = by_step[0]["terms"]
-        comparisons["adapter_minus_copy"] = terms_of(self.copy)
         for name, other in comparisons.items():
             out[name] = {
                 metric: {
@@ -263,25 +283,14 @@ class ChoiceTaskMetric:
             else {**CHOICE_PLOT, "series": {**CHOICE_PLOT["series"], **RATING_SERIES}}
         )
         out = {"examples": len(self.rows), "curve": curve, "plot": plot}
-        by_step = {h["step"]: h for h in self.history}
-        kept = (
-            by_step.get(best_step) if best_step is not None else (self.history[-1] if self.history else None)
+        kept, others = kept_and_references(
+            self.history, best_step, "correct", ("adapter_minus_most_rated", self.most_rated)
         )
         if kept is None:
-            out["kept_step"] = best_step
-            out["note"] = "the kept step was evaluated before this process resumed: no paired comparison"
-            return out
+            return {**out, "kept_step": best_step, "note": NOT_KEPT}
         out["kept_step"] = kept["step"]
-        others = {"adapter_minus_most_rated": self.most_rated}
-        if 0 in by_step and kept["step"] != 0:
-            others = {"adapter_minus_base": by_step[0]["correct"], **others}
         for name, other in others.items():
-            diff = kept["correct"] - other
-            low, high, _ = bca_interval(diff)
-            out[name] = {
-                "accuracy": {"difference": round(float(diff.mean()), 4), "ci95": [round(low, 4), round(high, 4)],
-                             "n": len(diff)}
-            }  # fmt: skip
+            out[name] = {"accuracy": paired_share(kept["correct"], other)}
         return out
 
 
@@ -377,25 +386,14 @@ class ConverseTaskMetric:
         curve = [{k: v for k, v in h.items() if k != "correct"} for h in self.history]
         out = {"examples": len(self.rows), "curve": curve, "plot": CONVERSE_PLOT,
                "majority_actions": sorted(self.majority)}  # fmt: skip
-        by_step = {h["step"]: h for h in self.history}
-        kept = (
-            by_step.get(best_step) if best_step is not None else (self.history[-1] if self.history else None)
+        kept, others = kept_and_references(
+            self.history, best_step, "correct", ("adapter_minus_majority", self.majority_correct)
         )
         if kept is None:
-            out["kept_step"] = best_step
-            out["note"] = "the kept step was evaluated before this process resumed: no paired comparison"
-            return out
+            return {**out, "kept_step": best_step, "note": NOT_KEPT}
         out["kept_step"] = kept["step"]
-        others = {"adapter_minus_majority": self.majority_correct}
-        if 0 in by_step and kept["step"] != 0:
-            others = {"adapter_minus_base": by_step[0]["correct"], **others}
         for name, other in others.items():
-            diff = kept["correct"] - other
-            low, high, _ = bca_interval(diff)
-            out[name] = {
-                "action_accuracy": {"difference": round(float(diff.mean()), 4),
-                                    "ci95": [round(low, 4), round(high, 4)], "n": len(diff)}
-            }  # fmt: skip
+            out[name] = {"action_accuracy": paired_share(kept["correct"], other)}
         return out
 
 

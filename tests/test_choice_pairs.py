@@ -196,6 +196,8 @@ def test_the_choice_metric_scores_answers_against_the_page_and_its_references(tm
     assert card["kept_step"] == 5 and [p["step"] for p in card["curve"]] == [0, 5]
     assert card["adapter_minus_base"]["accuracy"]["difference"] == round(2 / 3, 4)
     assert card["adapter_minus_most_rated"]["accuracy"]["difference"] == 0.5
+    resumed = metric.summary(10)  # kept a step this process never evaluated: no comparison to make
+    assert resumed["kept_step"] == 10 and "note" in resumed and "adapter_minus_base" not in resumed
     written = (tmp_path / "task_eval" / "step_5.jsonl").read_text().splitlines()
     assert [json.loads(x)["answer"] for x in written] == ["2", "1", "4"]
     with pytest.raises(SystemExit, match="rebuild the pairs"):
