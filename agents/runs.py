@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from data_prep.io import append_to, drop_cut_line, read_jsonl, valid_lines, write_atomic  # noqa: F401 (the runners read them here)
+from data_prep.io import append_to, drop_cut_line, numbered_lines, read_jsonl, valid_lines, write_atomic  # noqa: F401 (the runners read them here)
 
 
 def write_json(path: Path, value) -> None:
@@ -14,17 +14,14 @@ def write_json(path: Path, value) -> None:
     write_atomic(path, json.dumps(value))
 
 
-def json_lines(path: Path):
+def json_lines(path: Path) -> list[tuple[int, object]]:
     """(line number, value) for each non-blank line of a JSON-lines input that must be whole (a small
-    catalogue or review sample); a line that is not JSON stops with an error naming the file and line."""
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as error:
-                raise SystemExit(f"error: {path} line {number}: {error!r}") from None
+    catalogue or review sample; data_prep.io.numbered_lines); a line that is not JSON stops the run
+    with an error naming the file and the line."""
+    try:
+        return [(number, value) for number, _, value in numbered_lines(path, whole=True)]
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 class Lock:

@@ -73,30 +73,37 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         os.close(folder)
 
 
-def valid_lines(path: str | Path) -> list[tuple[str, dict]]:
-    """A JSON-lines file's lines and their values, the one reader of the project's run files and inputs.
-    A last line without its newline (cut by a kill, or still being written) is left out; any other line
-    that is not JSON is an error naming the file and the line (a file damaged in the middle is not read
-    as if it were shorter). A missing file has no lines."""
+def numbered_lines(path: str | Path, whole: bool = False) -> list[tuple[int, str, object]]:
+    """(line number, line, value) for each non-blank line of a JSON-lines file: the one reader of the
+    project's run files and inputs. A line that is not JSON is an error naming the file and the line (a
+    file damaged in the middle is not read as if it were shorter), except a run file's last line
+    without its newline (cut by a kill, or still being written), which is left out. ``whole``: an input
+    that must be whole (a catalogue, a sample, predictions): a missing file and a bad last line are
+    errors too. A missing run file has no lines."""
     import json
 
     path = Path(path)
-    if not path.exists():
+    if not whole and not path.exists():
         return []
     text = path.read_text(encoding="utf-8")
     lines = text.split("\n")
-    last_cut = not text.endswith("\n")
+    last_cut = not whole and not text.endswith("\n")
     out = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            out.append((line, json.loads(line)))
+            out.append((number, line, json.loads(line)))
         except json.JSONDecodeError as error:
             if last_cut and number == len(lines):
                 continue  # the cut last line
             raise ValueError(f"{path} line {number}: not JSON ({error.msg})") from None
     return out
+
+
+def valid_lines(path: str | Path) -> list[tuple[str, dict]]:
+    """A run file's lines and their values (numbered_lines)."""
+    return [(line, value) for _, line, value in numbered_lines(path)]
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -13,6 +13,8 @@ import json
 import re
 from pathlib import Path
 
+from data_prep.io import read_jsonl
+
 TASK_TYPE = "user_behavior_simulation"
 _INDEX = re.compile(r"task_(\d+)\.json$")
 
@@ -62,11 +64,7 @@ def write_tasks(task_dir: Path, targets: list[dict]) -> None:
 def read_targets(task_dir: str | Path) -> dict[int, dict]:
     """task_id -> {review_id, ts, date, source, ...} from targets.jsonl (written by data_prep.split);
     empty for task folders made elsewhere."""
-    path = Path(task_dir) / "targets.jsonl"
-    if not path.exists():
-        return {}
-    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return {row["task_id"]: row for row in rows}
+    return {row["task_id"]: row for row in read_jsonl(Path(task_dir) / "targets.jsonl")}
 
 
 def blocked_pairs(task_dir: str | Path) -> list[tuple[str, str]]:

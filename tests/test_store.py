@@ -108,6 +108,20 @@ def test_one_json_lines_reader_leaves_out_a_cut_last_line_and_names_a_damaged_on
         read_jsonl(path)
 
 
+def test_an_input_that_must_be_whole_refuses_a_bad_last_line_and_a_missing_file(tmp_path):
+    from data_prep.io import numbered_lines
+
+    path = tmp_path / "catalogue.jsonl"
+    with pytest.raises(FileNotFoundError):
+        numbered_lines(path, whole=True)
+    path.write_text('{"a": 1}\n\n{"a": 2}')  # an input's last line may lack its newline
+    assert [(n, v) for n, _, v in numbered_lines(path, whole=True)] == [(1, {"a": 1}), (3, {"a": 2})]
+    path.write_text('{"a": 1}\n{"a": 2, "cut')  # in a run file this would be a cut line, left out
+    assert len(numbered_lines(path)) == 1
+    with pytest.raises(ValueError, match="catalogue.jsonl line 2"):
+        numbered_lines(path, whole=True)
+
+
 def test_appending_after_a_cut_line_starts_a_clean_line(tmp_path):
     from data_prep.io import append_to, read_jsonl
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from data_prep import fingerprint
+from data_prep.io import read_jsonl
 from data_prep.offline_models import resolve_model
 from data_prep.prompt import parse_completion, training_prompt
 from data_prep.provenance import provenance
@@ -500,8 +501,8 @@ def load_task_metric(recipe: RecipeArguments, tokenizer, output_dir: str):
     if not name:
         raise SystemExit(f"error: task_metric {recipe.task_metric!r} is not module:function")
     factory = getattr(importlib.import_module(module), name)
-    lines = (Path(recipe.pairs) / "validation.jsonl").read_text().splitlines()
-    rows = [json.loads(lines[i]) for i in spread(len(lines), recipe.task_examples)]
+    validation = read_jsonl(Path(recipe.pairs) / "validation.jsonl")
+    rows = [validation[i] for i in spread(len(validation), recipe.task_examples)]
     for row in rows:
         row["rendered"] = training_prompt(tokenizer, row["prompt"])
     return factory(recipe.pairs, rows, output_dir, recipe.task_max_new_tokens)
@@ -726,7 +727,7 @@ def write_training_data(output_dir: str, recipe: RecipeArguments) -> None:
     from data_prep.schema import parse_iso
 
     pairs = Path(recipe.pairs)
-    rows = [json.loads(line) for line in (pairs / "train.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(pairs / "train.jsonl")
     rows = rows[: recipe.max_train_examples] if recipe.max_train_examples else rows
     record = {
         "pairs": str(pairs),

@@ -88,8 +88,8 @@ CONFIG_CLASSES = (AgentConfig, LLMConfig, RunArguments)
 
 def finished(path: Path) -> dict[int, dict]:
     """Predictions already written; a last line without its newline (a kill mid-write) is cut off."""
-    rows = [json.loads(line) for line in drop_cut_line(path).decode().splitlines() if line.strip()]
-    return {r["task_id"]: r for r in rows}
+    drop_cut_line(path)  # rewritten without it: the lines appended next start clean
+    return {r["task_id"]: r for r in read_jsonl(path)}
 
 
 def load_tasks(args: RunArguments, visibility: str = "time-aware") -> list[dict]:

@@ -60,7 +60,7 @@ from agents.sandbox.profiles import (
 from agents.sandbox.social import generate_graph, load_edges
 from agents.sandbox.world import World
 from data_prep import fingerprint, movielens
-from data_prep.io import append_to, write_atomic
+from data_prep.io import append_to, read_jsonl, write_atomic
 from data_prep.movielens import day, parse_moment
 from data_prep.provenance import provenance
 
@@ -366,7 +366,7 @@ def finish(out: Path, world: World, config) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in (out / "stats.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_jsonl(out / "stats.jsonl")
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     rounds = [r["round"] for r in rows]
     for key in ("active_agents", "watches", "chats", "posts"):

@@ -13,6 +13,8 @@ import json
 import math
 from pathlib import Path
 
+from data_prep.io import numbered_lines
+
 
 def summary_path(predictions: str | Path) -> Path:
     """Where the summary of the run that made a prediction file lives: summary.json beside an agent
@@ -46,14 +48,12 @@ def read_predictions(path: str | Path) -> list[dict]:
         except json.JSONDecodeError as err:
             raise PredictionError(f"{path}: not valid JSON ({err})") from None
         return [_official_entry(row, f"{path}[{i}]") for i, row in enumerate(rows)]
+    try:
+        rows = numbered_lines(path, whole=True)
+    except ValueError as err:
+        raise PredictionError(str(err)) from None
     entries = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise PredictionError(f"{path}:{number}: not valid JSON ({err})") from None
+    for number, _, row in rows:
         if not isinstance(row, dict):
             raise PredictionError(f"{path}:{number}: not a JSON object")
         entries.append({**row, "where": f"{path}:{number}"})

@@ -65,6 +65,7 @@ from agents.review.select import (
 )
 from agents.review.stars import GROUPS
 from data_prep.fingerprint import task_folder_digest
+from data_prep.io import read_jsonl
 from data_prep.paths import cache_dir
 from data_prep.provenance import provenance
 from data_prep.store import ReviewStore
@@ -179,10 +180,7 @@ def trained_on(run: Path) -> set[str]:
 
 
 def predictions_by_task(run: Path) -> list[dict]:
-    return sorted(
-        (json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines() if line.strip()),
-        key=lambda r: r["task_id"],
-    )
+    return sorted(read_jsonl(run / "predictions.jsonl"), key=lambda r: r["task_id"])
 
 
 def validation_run(run: Path, task_dir: Path, rows: list[dict]) -> tuple[list[dict], dict, list[int]]:
