@@ -61,9 +61,10 @@ BASELINE = "user_median"  # kept unless a candidate beats it by a paired margin 
 GROUPS = ("new_item", "item_with_history")
 EMPTY_PRIOR = 3.0  # mu before the first rating of the store
 SCALE = (1.0, 5.0)  # the review platforms' stars; MovieLens (the sandbox) rates 0.5-5
-BLEND_Z = 2.4977  # one-sided 95% with Bonferroni over the 8 blends: the normal quantile of 1 - 0.05/8
 CANDIDATES = 2 * (2 + len(USER_SHRINK) + len(BIAS_STRENGTH))  # History.candidates, raw and rounded
 STAR_Z = float(norm.isf(0.05 / (CANDIDATES - 1)))  # one-sided 95%, Bonferroni over the non-baseline ones
+BLENDS = 2 * len(BLEND_WEIGHTS)  # each weight raw and rounded
+BLEND_Z = float(norm.isf(0.05 / BLENDS))  # one-sided 95%, Bonferroni over the blends
 
 
 def errors(predicted: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -390,7 +391,7 @@ class StarModel:
         self.report["blend_rule"] = (
             f"per task, within its group: a blend only where its paired gain over the model alone on the "
             f"group's LLM-answered validation reviews older than the task (>= {self.min_blend} of them) "
-            f"exceeds {BLEND_Z} standard errors (one-sided 95%, Bonferroni over 8 blends)"
+            f"exceeds {BLEND_Z:.4f} standard errors (one-sided 95%, Bonferroni over {BLENDS} blends)"
         )
         self.report["blend_groups"] = self.blend.report(h.end)
 
