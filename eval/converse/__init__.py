@@ -55,6 +55,7 @@ from __future__ import annotations
 from eval.converse.agreement import agreement, agreement_table  # noqa: F401
 from eval.converse.common import KEYS, interval  # noqa: F401
 from eval.converse.ladders import LADDER_KEYS, ladders, ladders_table  # noqa: F401
+from eval.converse.realism import gender_of, identification, realism, transfer  # noqa: F401
 from eval.converse.replay import (  # noqa: F401
     QUESTIONNAIRE,
     bootstrap_p,
@@ -70,13 +71,9 @@ from eval.converse.run import (  # noqa: F401
     GOAL_KEYS,
     count_of,
     evaluate,
-    gender_of,
     goal_metrics,
-    identification,
     outcomes,
     per_crs_lines,
     ratings,
-    realism,
     table,
-    transfer,
 )
