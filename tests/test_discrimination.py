@@ -70,6 +70,10 @@ def test_the_bare_llm_picks_through_structured_numbers_and_unusable_answers_are_
         cases, 1, data, Answers(['{"items": [2]}', "garbage"]), np.random.default_rng(0), counts
     )
     assert picks[0] == [3] and len(picks[1]) == 1 and counts["fallbacks"] == 1
+    # a number off the page fails the schema: the whole answer is filled at random, counted
+    counts = Counter()
+    picks = d.parse_numbers(cases[:1], ['{"items": [4]}'], 1, np.random.default_rng(0), counts)
+    assert len(picks[0]) == 1 and picks[0][0] in cases[0]["candidates"] and counts["fallbacks"] == 1
 
 
 class ByLength:

@@ -34,7 +34,6 @@ load from each record's text (a history record's key is its film's text), so a c
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -102,11 +101,8 @@ class LLMMemoryModel:
         count_usage(answers, self.counts)
         out = []
         for answer in (a.text for a in answers):
-            try:
-                value = json.loads(answer)
-                out.append(value if isinstance(value, dict) and value.get(key) else None)
-            except json.JSONDecodeError:
-                out.append(None)
+            value = constraint.parse(answer)  # valid under the schema, else None
+            out.append(value if value and value.get(key) else None)
             if out[-1] is None:
                 self.counts["unparsable"] += 1
         return out

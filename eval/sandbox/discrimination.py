@@ -182,15 +182,13 @@ def numbers_instruction(a: int) -> str:
 
 
 def parse_numbers(cases, answers, a, rng, counts) -> list[list[int]]:
-    """The numbers of a structured answer; an unusable or short answer is filled at random, counted."""
+    """The numbers of a structured answer (valid under numbers_schema, each number once); an unusable
+    or short answer is filled at random, counted."""
     picks = []
     for case, answer in zip(cases, answers, strict=True):
         size = len(case["candidates"])
-        try:
-            numbers = list(dict.fromkeys(json.loads(answer)["items"]))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            numbers = []
-        valid = [n for n in numbers if isinstance(n, int) and 1 <= n <= size][:a]
+        value = numbers_schema(a, size).parse(answer)
+        valid = list(dict.fromkeys(value["items"])) if value else []
         if len(valid) < a:
             counts["fallbacks"] += 1
             rest = [k for k in range(1, size + 1) if k not in valid]
