@@ -152,7 +152,10 @@ def test_claims_lines_render_each_claim_with_its_bonferroni_level_and_extra_colu
         {"claim": "y > x", "setting": "3,3", **paired_claim(b, a, 1 - 0.05 / 2)},
     ]
     lines = claims_lines(claims, {"setting": lambda c: f"({c['setting']})"})
-    assert lines[1] == "| claim | setting | difference | 97.50% CI (paired BCa, Bonferroni over 2) | resamples > 0 |"
+    assert (
+        lines[1]
+        == "| claim | setting | difference | 97.50% CI (paired BCa, Bonferroni over 2) | resamples > 0 |"
+    )
     assert lines[2] == "|---|---|---|---|---|"
     first, second = lines[3].split(" | "), lines[4].split(" | ")
     assert first[:3] == ["| x > y", "(1,5)", f"{claims[0]['difference']:+.3f}"] and first[-1] == "100.0% |"
