@@ -57,7 +57,7 @@ def task_counts(data: Path, tasks: Path, config: dict) -> dict:
     rows = [{**t, "ts": targets[t["task_id"]]["ts"]} for t in read_tasks(tasks)]
     counts = Counter()
     for ctx in agent.contexts(rows):
-        counts.update(prompt_counts(agent.fit(ctx), bool(ctx["history"])))
+        counts.update(prompt_counts(agent.fit(ctx), bool(ctx.history)))
     return prompt_summary(counts)
 
 

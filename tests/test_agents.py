@@ -275,7 +275,7 @@ def test_context_never_shows_a_target_or_a_later_review(yelp_store, yelp_tasks):
     targets = {row["review_id"] for row in read_targets(yelp_tasks).values()}
     for task in tasks_with_dates(yelp_tasks):
         ctx = agent.context(task)
-        shown = ctx["history"] + ctx["item_pool"] + ctx["item_reviews"] + ctx["user_reviews"]
+        shown = ctx.history + ctx.item_pool + ctx.item_reviews + ctx.user_reviews
         assert not {r["review_id"] for r in shown} & targets
         assert all(r["date"] < task["date"] for r in shown)
         assert not any(r["user_id"] == task["user_id"] and r["item_id"] == task["item_id"] for r in shown)
@@ -407,7 +407,7 @@ def test_tuned_agent_asks_for_validation_stars_only_on_reviews_its_adapter_did_n
         prompt = conversation[-1]["content"]
         assert store.get_reviews(review_id=review_id)[0]["text"].strip()[:80] not in prompt
         ctx = agent.context({"task_id": 0, "user_id": user, "item_id": item, "ts": ts, "validation": True})
-        assert all(to_epoch(r["date"]) < ts for r in ctx["user_reviews"] + ctx["item_reviews"])
+        assert all(to_epoch(r["date"]) < ts for r in ctx.user_reviews + ctx.item_reviews)
     # an adapter without the record of its training data cannot be blended: refused, not guessed
     (adapter / "training_data.json").unlink()
     with pytest.raises(SystemExit, match="training_data.json is missing"):

@@ -223,6 +223,21 @@ class AgentConfig:
 
 
 @dataclass
+class Context:
+    """What the agent may see for one task: under time-aware visibility, only reviews strictly older than
+    its target (official visibility: all reviews); the store hides the task pairs either way."""
+
+    user: dict
+    item: dict
+    history: list[dict]  # the user's older reviews, oldest first
+    item_pool: list[dict]  # the item's most recent older reviews (item_candidates of them)
+    item_all: list[dict]  # every older review of the item
+    item_text: str  # the item as the prompt describes it (describe_item)
+    user_reviews: list[dict] = field(default_factory=list)  # the user's reviews the prompt shows
+    item_reviews: list[dict] = field(default_factory=list)  # the item's reviews the prompt shows
+
+
+@dataclass
 class Prediction:
     task_id: int
     user_id: str
@@ -406,10 +421,10 @@ class ReviewAgent:
         return self.stars.history.end if moment is None else moment
 
     # -- context ---------------------------------------------------------------------------------------
-    def context(self, task: dict) -> dict:
+    def context(self, task: dict) -> Context:
         return self.contexts([task])[0]
 
-    def contexts(self, tasks: list[dict]) -> list[dict]:
+    def contexts(self, tasks: list[dict]) -> list[Context]:
         """What the agent may see for each task: only reviews strictly older than its target (official
         visibility: all reviews); the store hides the task pairs either way. The user's shown reviews are
         their latest (``user_reviews: latest``, as in training) or the most relevant to the item; the
@@ -426,15 +441,7 @@ class ReviewAgent:
             item_pool = item_all[-self.config.item_candidates :]  # the most recent ones
             item_text = describe_item(item)
             style = " ".join(r["text"] for r in history[-3:]) or item_text
-            ctx = {
-                "user": user,
-                "item": item,
-                "history": history,
-                "item_pool": item_pool,
-                "item_all": item_all,
-            }
-            ctx["item_text"] = item_text
-            contexts.append(ctx)
+            contexts.append(Context(user, item, history, item_pool, item_all, item_text))
             if self.config.kind == "stats":  # only the fallback review is needed
                 requests += [(item_text, history, 1), (item_text, item_pool, 0 if history else 1)]
             else:
@@ -444,33 +451,33 @@ class ReviewAgent:
         by_age = lambda reviews: sorted(reviews, key=lambda r: (r["date"], r["review_id"]))  # noqa: E731
         for n, ctx in enumerate(contexts):
             latest = self.config.kind != "stats" and self.config.user_reviews == "latest"
-            user_reviews = ctx["history"][-k_user:] if latest and k_user else ranked[2 * n]
-            ctx["user_reviews"], ctx["item_reviews"] = by_age(user_reviews), by_age(ranked[2 * n + 1])
+            user_reviews = ctx.history[-k_user:] if latest and k_user else ranked[2 * n]
+            ctx.user_reviews, ctx.item_reviews = by_age(user_reviews), by_age(ranked[2 * n + 1])
         return contexts
 
-    def fit(self, ctx: dict) -> FittedPrompt:
+    def fit(self, ctx: Context) -> FittedPrompt:
         """The task's prompt fitted to ``prompt_tokens`` (data_prep.prompt.fit_messages: text cut by
         tokens before a review is dropped, the user's last review kept longest); without a tokenizer
         (an openai backend without one) as built, unmeasured."""
         if self.tokenizer is not None:
             return fit_messages(
                 self.tokenizer,
-                ctx["user"],
-                ctx["user_reviews"],
-                ctx["item"],
-                ctx["item_reviews"],
+                ctx.user,
+                ctx.user_reviews,
+                ctx.item,
+                ctx.item_reviews,
                 self.config.prompt_tokens,
             )
-        messages = build_messages(ctx["user"], ctx["user_reviews"], ctx["item"], ctx["item_reviews"])
-        return FittedPrompt(messages, ctx["user_reviews"], ctx["item_reviews"])
+        messages = build_messages(ctx.user, ctx.user_reviews, ctx.item, ctx.item_reviews)
+        return FittedPrompt(messages, ctx.user_reviews, ctx.item_reviews)
 
-    def messages(self, ctx: dict) -> list[dict]:
+    def messages(self, ctx: Context) -> list[dict]:
         return self.fit(ctx).messages
 
-    def fallback_review(self, ctx: dict) -> str:
+    def fallback_review(self, ctx: Context) -> str:
         """The most relevant past review of the user, else of the item, else a neutral sentence."""
-        for pool in (ctx["history"], ctx["item_pool"]):
-            best = self.retriever.rank(ctx["item_text"], pool, 1)
+        for pool in (ctx.history, ctx.item_pool):
+            best = self.retriever.rank(ctx.item_text, pool, 1)
             if best:
                 return best[0]["text"]
         return "It was fine."
@@ -613,28 +620,28 @@ class ReviewAgent:
         ]
         return kept, cut
 
-    def retrieved(self, ctx: dict) -> tuple[list[tuple[str, str]], int | None]:
+    def retrieved(self, ctx: Context) -> tuple[list[tuple[str, str]], int | None]:
         """Real candidates: the user's own reviews most similar to the item, then the item's reviews
         nearest the centroid of the user's reviews (none without a user history); and the position of
         the nearest-centroid baseline's review among them, appended when it is not one of them already
         (for a new item it is the user's own review nearest their centroid), so every pool can choose it."""
-        user = self.retriever.rank(ctx["item_text"], ctx["history"], self.config.candidates_user)
-        item = self.retriever.nearest_centroid(ctx["history"], ctx["item_pool"], self.config.candidates_item)
+        user = self.retriever.rank(ctx.item_text, ctx.history, self.config.candidates_user)
+        item = self.retriever.nearest_centroid(ctx.history, ctx.item_pool, self.config.candidates_item)
         pool = [(r["text"], "user") for r in user] + [(r["text"], "item") for r in item]
-        best = self.retriever.centroid_review(ctx["history"], ctx["item_all"])
+        best = self.retriever.centroid_review(ctx.history, ctx.item_all)
         if best is None:
             return pool, None
-        baseline = (best["text"], "item" if ctx["item_all"] else "user")
+        baseline = (best["text"], "item" if ctx.item_all else "user")
         if baseline in pool:
             return pool, pool.index(baseline)
         return [*pool, baseline], len(pool)
 
-    def group(self, ctx: dict) -> str:
+    def group(self, ctx: Context) -> str:
         """The task's group for its selection rule (as the star model groups): does the item have a
         visible review older than the moment."""
-        return GROUPS[bool(ctx["item_all"])]
+        return GROUPS[bool(ctx.item_all)]
 
-    def rule(self, ctx: dict) -> tuple[str, float]:
+    def rule(self, ctx: Context) -> tuple[str, float]:
         """The pool and sentiment weight this task is chosen with: its group's in ``selection_rule``,
         else the config's."""
         if self.selection_rule is None:
@@ -642,7 +649,7 @@ class ReviewAgent:
         chosen = self.selection_rule["groups"][self.group(ctx)]
         return chosen["pool"], chosen.get("sentiment_weight", 0.0)
 
-    def wants_samples(self, ctx: dict) -> bool:
+    def wants_samples(self, ctx: Context) -> bool:
         """Whether this task's pool draws sampled answers: always without a selection rule (the pools
         are kept for eval.review.selection to re-choose from), under one only where its choice uses them."""
         return self.selection_rule is None or uses_samples(self.rule(ctx)[0])
@@ -708,10 +715,8 @@ class ReviewAgent:
             first = "fallback" if p.counts["retrieved_fallback_review"] else "llm"
             pools.append([(p.review, first), *((text, "sample") for text in drawn)])
         texts = [t for pool in pools for t, _ in pool]
-        older = [
-            [r["text"] for r in ctx["history"]] + [r["text"] for r in ctx["item_pool"]] for ctx in contexts
-        ]
-        shown = [[r["text"] for r in ctx["user_reviews"] + ctx["item_reviews"]] for ctx in contexts]
+        older = [[r["text"] for r in ctx.history] + [r["text"] for r in ctx.item_pool] for ctx in contexts]
+        shown = [[r["text"] for r in ctx.user_reviews + ctx.item_reviews] for ctx in contexts]
         # the older reviews a utility compares with: the user's and the item's shown in the prompt
         refs = [t for part in shown for t in part]
         vectors = self.retriever.embed(texts + refs)
@@ -721,7 +726,7 @@ class ReviewAgent:
         for task, ctx, p, pool, known, seen in zip(
             tasks, contexts, predictions, pools, older, shown, strict=True
         ):
-            n, n_user = len(pool), len(ctx["user_reviews"])
+            n, n_user = len(pool), len(ctx.user_reviews)
             v, e, c = vectors[at : at + n], emotions[at : at + n], compounds[at : at + n]
             ref_vectors = vectors[ref_at : ref_at + len(seen)]
             ref_emotions = emotions[ref_at : ref_at + len(seen)]
@@ -736,7 +741,7 @@ class ReviewAgent:
                 ref_emotions[:n_user],
                 ref_emotions[n_user:],
                 np.array([len(words(t)) for t, _ in pool]),
-                np.array([len(words(r["text"])) for r in ctx["user_reviews"]]),
+                np.array([len(words(r["text"])) for r in ctx.user_reviews]),
             )
             spans, moment = write.copied_spans(known), self.before(task)
             copied = [write.copies(t, spans, self.short_reviews, moment) for t, _ in pool]
@@ -786,7 +791,7 @@ class ReviewAgent:
             counts = Counter(
                 llm_answers=1, unconstrained=int(constraint is not None and not reply.constrained)
             )
-            counts.update(prompt_counts(prompt, bool(ctx["history"])))
+            counts.update(prompt_counts(prompt, bool(ctx.history)))
             if reply.cached:  # a key only where it happened, as with the other counts (answer_cache)
                 counts["cached_answers"] += 1
             ok = usable(stars, review)
