@@ -697,3 +697,28 @@ def test_the_first_process_downloads_and_builds_the_caches_before_the_others(
     assert (
         fetched[0][0] == ("Qwen/Qwen2.5-7B-Instruct",) and "*.safetensors" in fetched[0][1]["allow_patterns"]
     )
+
+
+def test_the_task_metrics_greedy_answers_block_repeats_as_the_agents_decode(tiny_model):
+    """The review recipes ask the task metric to decode as the review agents do (no 4-word span twice):
+    the setting reaches generation, and the answers differ from unblocked ones only by it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from train.sft import greedy_answers
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    seen = []
+    generate = model.generate
+    model.generate = lambda **kw: seen.append(kw.get("no_repeat_ngram_size")) or generate(**kw)
+    prompts = ["stars: 5\nreview: a very", "stars: 1\nreview: this is the"]
+    blocked = greedy_answers(model, tokenizer, prompts, 48, 2, no_repeat_ngram_size=2)
+    greedy_answers(model, tokenizer, prompts, 48, 2)
+    assert seen == [2, 0]
+    for text in blocked:  # no token pair twice in an answer
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        pairs = list(zip(ids, ids[1:], strict=False))
+        assert len(set(pairs)) >= len(pairs) - 1  # decoding and re-encoding may merge one boundary
+    for name in ("smollm2_cpu", "smollm2_cpu_quality"):
+        recipe = yaml.safe_load((REPO_ROOT / "configs" / "sft" / f"{name}.yaml").read_text())
+        assert recipe["task_no_repeat_ngram_size"] == 4, name

@@ -72,6 +72,13 @@ class RecipeArguments:
     )
     task_examples: int = field(default=16, metadata={"help": "validation pairs the task metric answers"})
     task_max_new_tokens: int = field(default=128, metadata={"help": "the task metric's answer length cap"})
+    task_no_repeat_ngram_size: int = field(
+        default=0,
+        metadata={
+            "help": "the task metric's greedy answers block every n-gram's repeat, as the agents that use the "
+            "adapter decode (0: no block)"
+        },
+    )
     early_stopping_patience: int = field(
         default=0,
         metadata={
@@ -195,6 +202,7 @@ def run_inputs(recipe: RecipeArguments, training_args, model_args) -> dict:
                     "task_metric",
                     "task_examples",
                     "task_max_new_tokens",
+                    "task_no_repeat_ngram_size",
                     "early_stopping_patience",
                 )
             },
@@ -375,11 +383,16 @@ class SampleGenerations:
 
 
 def greedy_answers(
-    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 1
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch_size: int = 1,
+    no_repeat_ngram_size: int = 0,
 ) -> list[str]:
     """Greedy answers for rendered prompts, tokenized as TRL tokenizes the training prompt (with the
-    tokenizer's special tokens), ``batch_size`` at a time, left-padded; the tokenizer's padding side is
-    restored after. Every rank calls it (see SampleGenerations: ``synced_gpus`` keeps sharded ranks
+    tokenizer's special tokens), ``batch_size`` at a time, left-padded (``no_repeat_ngram_size``: no
+    n-gram twice, 0 for none); the tokenizer's padding side is restored after. Every rank calls it (see SampleGenerations: ``synced_gpus`` keeps sharded ranks
     stepping together)."""
     import torch
     import torch.distributed as dist
@@ -398,6 +411,7 @@ def greedy_answers(
                     **inputs,
                     max_new_tokens=max_new_tokens,
                     do_sample=False,
+                    no_repeat_ngram_size=no_repeat_ngram_size,
                     pad_token_id=tokenizer.pad_token_id,
                     synced_gpus=synced,
                 )
@@ -508,7 +522,9 @@ def load_task_metric(recipe: RecipeArguments, tokenizer, output_dir: str):
     return factory(recipe.pairs, rows, output_dir, recipe.task_max_new_tokens)
 
 
-def make_callback(sampler: SampleGenerations, task_metric=None, tokenizer=None):
+def make_callback(
+    sampler: SampleGenerations, task_metric=None, tokenizer=None, no_repeat_ngram_size: int = 0
+):
     from transformers import TrainerCallback
 
     class Callback(TrainerCallback):
@@ -518,7 +534,9 @@ def make_callback(sampler: SampleGenerations, task_metric=None, tokenizer=None):
             if model is not None and sampler.examples:  # on every rank (see SampleGenerations)
                 sampler(model, state.global_step, write=state.is_world_process_zero)
             if model is not None and task_metric is not None:  # every rank: the same pairs, the same verdict
-                answers = greedy_answers(model, tokenizer, task_metric.prompts, task_metric.max_new_tokens, 8)
+                answers = greedy_answers(
+                    model, tokenizer, task_metric.prompts, task_metric.max_new_tokens, 8, no_repeat_ngram_size
+                )
                 found = task_metric(answers, state.global_step, write=state.is_world_process_zero)
                 record = {f"eval_{k}": v for k, v in found.items()}
                 if metrics is not None:  # what the Trainer keeps the best checkpoint by
@@ -859,7 +877,7 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
         training_args.output_dir,
     )
     task_metric = load_task_metric(recipe, tokenizer, training_args.output_dir)
-    own = [make_callback(sampler, task_metric, tokenizer)]
+    own = [make_callback(sampler, task_metric, tokenizer, recipe.task_no_repeat_ngram_size)]
     if recipe.early_stopping_patience:
         from transformers import EarlyStoppingCallback
 
