@@ -47,7 +47,10 @@ def split_setting(item: str) -> tuple[str, str]:
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     for item in overrides:
-        key, raw = split_setting(item)
+        try:
+            key, raw = split_setting(item)
+        except ConfigError:
+            raise ConfigError(f"override {item!r}: expected section.field=value") from None
         *sections, name = key.split(".")
         node = data
         for section in sections:

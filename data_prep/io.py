@@ -101,14 +101,14 @@ def numbered_lines(path: str | Path, whole: bool = False) -> list[tuple[int, str
     return out
 
 
-def valid_lines(path: str | Path) -> list[tuple[str, dict]]:
+def valid_lines(path: str | Path) -> list[tuple[str, object]]:
     """A run file's lines and their values (numbered_lines)."""
     return [(line, value) for _, line, value in numbered_lines(path)]
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """The values of a JSON-lines file's lines (see valid_lines)."""
-    return [value for _, value in valid_lines(path)]
+def read_jsonl(path: str | Path, whole: bool = False) -> list:
+    """The values of a JSON-lines file's lines (numbered_lines; ``whole``: an input that must be whole)."""
+    return [value for _, _, value in numbered_lines(path, whole)]
 
 
 def drop_cut_line(path: str | Path) -> bytes:

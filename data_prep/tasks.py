@@ -64,7 +64,8 @@ def write_tasks(task_dir: Path, targets: list[dict]) -> None:
 def read_targets(task_dir: str | Path) -> dict[int, dict]:
     """task_id -> {review_id, ts, date, source, ...} from targets.jsonl (written by data_prep.split);
     empty for task folders made elsewhere."""
-    return {row["task_id"]: row for row in read_jsonl(Path(task_dir) / "targets.jsonl")}
+    path = Path(task_dir) / "targets.jsonl"
+    return {row["task_id"]: row for row in read_jsonl(path, whole=True)} if path.exists() else {}
 
 
 def blocked_pairs(task_dir: str | Path) -> list[tuple[str, str]]:

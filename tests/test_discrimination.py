@@ -70,10 +70,14 @@ def test_the_bare_llm_picks_through_structured_numbers_and_unusable_answers_are_
         cases, 1, data, Answers(['{"items": [2]}', "garbage"]), np.random.default_rng(0), counts
     )
     assert picks[0] == [3] and len(picks[1]) == 1 and counts["fallbacks"] == 1
-    # a number off the page fails the schema: the whole answer is filled at random, counted
+    # a number off the page fails the schema: the answer is replaced at random whole, as garbage is
+    parse = lambda answer, counts: d.parse_numbers(cases[:1], [answer], 2, np.random.default_rng(1), counts)  # noqa: E731
     counts = Counter()
-    picks = d.parse_numbers(cases[:1], ['{"items": [4]}'], 1, np.random.default_rng(0), counts)
-    assert len(picks[0]) == 1 and picks[0][0] in cases[0]["candidates"] and counts["fallbacks"] == 1
+    assert parse('{"items": [2, 9]}', counts) == parse("garbage", Counter()) and counts["fallbacks"] == 1
+    counts = Counter()
+    assert parse('{"items": [2.0, 3]}', counts) == [[3, 5]] and counts["fallbacks"] == 0  # 2.0 is an integer
+    topped = parse('{"items": [2, 2]}', counts)  # a repeat is topped up at random, counted
+    assert topped[0][0] == 3 and topped[0][1] in (7, 5) and counts["fallbacks"] == 1
 
 
 class ByLength:

@@ -700,7 +700,7 @@ def test_the_first_process_downloads_and_builds_the_caches_before_the_others(
 
 
 def test_the_task_metrics_greedy_answers_block_repeats_as_the_agents_decode(tiny_model):
-    """The review recipes ask the task metric to decode as the review agents do (no 4-word span twice):
+    """The review recipes ask the task metric to decode as the review agents do (no 4-token n-gram twice):
     the setting reaches generation, and the answers differ from unblocked ones only by it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

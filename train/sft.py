@@ -202,11 +202,12 @@ def run_inputs(recipe: RecipeArguments, training_args, model_args) -> dict:
                     "task_metric",
                     "task_examples",
                     "task_max_new_tokens",
-                    "task_no_repeat_ngram_size",
                     "early_stopping_patience",
                 )
             },
             "eval_selection": "spread",  # which validation rows max_eval_examples takes (was: the first)
+            # recorded only when set, so a folder trained before the setting existed still resumes
+            **({"task_no_repeat_ngram_size": n} if (n := recipe.task_no_repeat_ngram_size) else {}),
         },
         "model": asdict(model_args),
         "training": {k: training.get(k) for k in TRAJECTORY_FIELDS},
@@ -515,7 +516,7 @@ def load_task_metric(recipe: RecipeArguments, tokenizer, output_dir: str):
     if not name:
         raise SystemExit(f"error: task_metric {recipe.task_metric!r} is not module:function")
     factory = getattr(importlib.import_module(module), name)
-    validation = read_jsonl(Path(recipe.pairs) / "validation.jsonl")
+    validation = read_jsonl(Path(recipe.pairs) / "validation.jsonl", whole=True)
     rows = [validation[i] for i in spread(len(validation), recipe.task_examples)]
     for row in rows:
         row["rendered"] = training_prompt(tokenizer, row["prompt"])
@@ -745,7 +746,7 @@ def write_training_data(output_dir: str, recipe: RecipeArguments) -> None:
     from data_prep.schema import parse_iso
 
     pairs = Path(recipe.pairs)
-    rows = read_jsonl(pairs / "train.jsonl")
+    rows = read_jsonl(pairs / "train.jsonl", whole=True)
     rows = rows[: recipe.max_train_examples] if recipe.max_train_examples else rows
     record = {
         "pairs": str(pairs),

@@ -229,9 +229,9 @@ class Context:
 
     user: dict
     item: dict
-    history: list[dict]  # the user's older reviews, oldest first
-    item_pool: list[dict]  # the item's most recent older reviews (item_candidates of them)
-    item_all: list[dict]  # every older review of the item
+    history: list[dict]  # the user's visible reviews, oldest first
+    item_pool: list[dict]  # the item's most recent visible reviews (item_candidates of them)
+    item_all: list[dict]  # every visible review of the item
     item_text: str  # the item as the prompt describes it (describe_item)
     user_reviews: list[dict] = field(default_factory=list)  # the user's reviews the prompt shows
     item_reviews: list[dict] = field(default_factory=list)  # the item's reviews the prompt shows
@@ -441,7 +441,16 @@ class ReviewAgent:
             item_pool = item_all[-self.config.item_candidates :]  # the most recent ones
             item_text = describe_item(item)
             style = " ".join(r["text"] for r in history[-3:]) or item_text
-            contexts.append(Context(user, item, history, item_pool, item_all, item_text))
+            contexts.append(
+                Context(
+                    user=user,
+                    item=item,
+                    history=history,
+                    item_pool=item_pool,
+                    item_all=item_all,
+                    item_text=item_text,
+                )
+            )
             if self.config.kind == "stats":  # only the fallback review is needed
                 requests += [(item_text, history, 1), (item_text, item_pool, 0 if history else 1)]
             else:
@@ -554,7 +563,7 @@ class ReviewAgent:
         return out
 
     def decide_stars(
-        self, contexts: list[dict], users: list[str], items: list[str], moments: list[int]
+        self, contexts: list[Context], users: list[str], items: list[str], moments: list[int]
     ) -> tuple[list[float], list[str], list[Counter]]:
         """The tuned kinds' stars, before any text: the calibrated ones, blended with the LLM's (read from
         its probabilities after "stars: ", greedy or expected) where validation chose a blend. The LLM is
@@ -595,7 +604,7 @@ class ReviewAgent:
         return Constraint.review(chars) if stars_given else Constraint.answer(chars)
 
     def sample(
-        self, contexts: list[dict], stars: list[float] | None = None
+        self, contexts: list[Context], stars: list[float] | None = None
     ) -> tuple[list[list[str]], list[int]]:
         """``samples`` reviews per context from the LLM at ``sample_temperature`` (unusable ones left
         out; the caller counts them), and how many of each context's samples hit the length cap. With
@@ -654,7 +663,7 @@ class ReviewAgent:
         are kept for eval.review.selection to re-choose from), under one only where its choice uses them."""
         return self.selection_rule is None or uses_samples(self.rule(ctx)[0])
 
-    def select(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:
+    def select(self, tasks: list[dict], contexts: list[Context], predictions: list[Prediction]) -> None:
         """Give each prediction its pool and the review of least risk among the configured sources.
         Samples are drawn for every task, or under a selection rule only where its choice uses them."""
         wanted = [i for i, ctx in enumerate(contexts) if self.wants_samples(ctx)]
@@ -702,7 +711,9 @@ class ReviewAgent:
                 p.chosen = 0
             p.review = pool[p.chosen][0]
 
-    def choose_written(self, tasks: list[dict], contexts: list[dict], predictions: list[Prediction]) -> None:
+    def choose_written(
+        self, tasks: list[dict], contexts: list[Context], predictions: list[Prediction]
+    ) -> None:
         """tuned-write: each prediction's review is the one of highest utility (agents.review.write) among
         the model's greedy answer and its ``samples`` sampled ones, all written after the decided stars.
         The pool is kept with every feature, so eval.review.selection --utility can choose the weights on
@@ -766,7 +777,7 @@ class ReviewAgent:
             p.review = pool[p.chosen][0]
             p.group = self.group(ctx)
 
-    def llm_star_reads(self, contexts: list[dict]) -> list[float | None]:
+    def llm_star_reads(self, contexts: list[Context]) -> list[float | None]:
         """The LLM's stars for each context from the probability of each digit after the answer's
         beginning "stars: " (the renderer's format), one forward pass per prompt (agents.llm.option_probs):
         the expected value (``llm_stars: expected``) or the most likely digit (greedy)."""
@@ -774,7 +785,7 @@ class ReviewAgent:
         read = option_probs(self.llm, conversations, STAR_DIGITS, seed=self.config.seed, prefix=STARS_PREFIX)
         return [read_choice(a, self.config.llm_stars) for a in read]
 
-    def ask(self, contexts: list[dict], stars: list[float] | None = None) -> list[TaskAnswer]:
+    def ask(self, contexts: list[Context], stars: list[float] | None = None) -> list[TaskAnswer]:
         """The LLM's answer for each context; an unusable one is asked once more, stricter. With
         ``stars`` the answer's beginning is given (the decided stars) and the model writes the review.
         Each answer carries its own counts (answers, parse failures, retries, retry successes)."""

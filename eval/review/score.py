@@ -235,7 +235,7 @@ def write_outputs(
 def per_task_terms(eval_dir: Path) -> dict[str, np.ndarray]:
     """The per-task error terms of an eval.review folder, by task id, with the ids (``task_id``) and
     the tasks themselves (``task``: id, user and item, so runs on other task folders do not pair)."""
-    rows = sorted(read_jsonl(eval_dir / "samples.jsonl"), key=lambda r: r["task_id"])
+    rows = sorted(read_jsonl(eval_dir / "samples.jsonl", whole=True), key=lambda r: r["task_id"])
     terms = {t: np.array([r[f"{t}_error"] for r in rows]) for t in ("star", "sentiment", "emotion", "topic")}
     tasks = np.array([f"{r['task_id']}:{r.get('user_id')}:{r.get('item_id')}" for r in rows])
     return {**terms, "task_id": np.array([r["task_id"] for r in rows]), "task": tasks}

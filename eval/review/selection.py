@@ -180,7 +180,7 @@ def trained_on(run: Path) -> set[str]:
 
 
 def predictions_by_task(run: Path) -> list[dict]:
-    return sorted(read_jsonl(run / "predictions.jsonl"), key=lambda r: r["task_id"])
+    return sorted(read_jsonl(run / "predictions.jsonl", whole=True), key=lambda r: r["task_id"])
 
 
 def validation_run(run: Path, task_dir: Path, rows: list[dict]) -> tuple[list[dict], dict, list[int]]:

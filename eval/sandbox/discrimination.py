@@ -182,13 +182,14 @@ def numbers_instruction(a: int) -> str:
 
 
 def parse_numbers(cases, answers, a, rng, counts) -> list[list[int]]:
-    """The numbers of a structured answer (valid under numbers_schema, each number once); an unusable
-    or short answer is filled at random, counted."""
+    """The numbers of a structured answer valid under numbers_schema, each number once; an answer that
+    fails the schema is replaced at random and one that repeats a number is topped up at random, both
+    counted."""
     picks = []
     for case, answer in zip(cases, answers, strict=True):
         size = len(case["candidates"])
         value = numbers_schema(a, size).parse(answer)
-        valid = list(dict.fromkeys(value["items"])) if value else []
+        valid = list(dict.fromkeys(int(n) for n in value["items"])) if value else []  # 2.0 is an integer
         if len(valid) < a:
             counts["fallbacks"] += 1
             rest = [k for k in range(1, size + 1) if k not in valid]
