@@ -120,12 +120,11 @@ class LLMMemoryModel:
         ]
         out = []
         for observation, value in zip(observations, self._ask(prompts, COMPRESS, "summary"), strict=True):
-            score = value.get("importance") if value else None
-            if not isinstance(score, int) or not 1 <= score <= 10:  # never clamped: a fallback, counted
+            if value is None:  # failed COMPRESS (counted as unparsable): never clamped, a fallback
                 self.counts["fallbacks"] += 1
                 out.append((observation, 0.5))
-            else:
-                out.append((str(value["summary"]), score / 10))
+            else:  # an integer 1-10 by the schema (5.0 is an integer to it)
+                out.append((str(value["summary"]), int(value["importance"]) / 10))
                 if self.collect:
                     self.written.append(("summary", out[-1][0], [observation]))
         return out
