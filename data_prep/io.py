@@ -80,12 +80,16 @@ def numbered_lines(path: str | Path, whole: bool = False) -> list[tuple[int, str
     without its newline (cut by a kill, or still being written), which is left out. ``whole``: an input
     that must be whole (a catalogue, a sample, predictions): a missing file and a bad last line are
     errors too. A missing run file has no lines."""
-    import json
-
     path = Path(path)
     if not whole and not path.exists():
         return []
-    text = path.read_text(encoding="utf-8")
+    return numbered_text(path.read_text(encoding="utf-8"), path, whole)
+
+
+def numbered_text(text: str, path: str | Path, whole: bool = False) -> list[tuple[int, str, object]]:
+    """numbered_lines over a file's text already read (``path`` names it in errors)."""
+    import json
+
     lines = text.split("\n")
     last_cut = not whole and not text.endswith("\n")
     out = []

@@ -47,7 +47,7 @@ from data_prep.prompt import parse_completion
 from data_prep.schema import parse_iso
 from data_prep.store import ReviewStore
 from eval.backends import build_scorers
-from eval.metrics import bca_interval, paired_bootstrap
+from eval.metrics import paired_bootstrap, paired_claim
 from eval.scoring import score_pairs, summarise
 
 TERMS = {
@@ -116,14 +116,10 @@ def kept_and_references(history: list[dict], best_step: int | None, key: str, ba
 
 
 def paired_share(a: np.ndarray, b: np.ndarray) -> dict:
-    """a - b for per-example 0/1 (or shared-credit) scores: the mean difference, its BCa 95% interval, n."""
-    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    low, high, _ = bca_interval(diff)
-    return {
-        "difference": round(float(diff.mean()), 4),
-        "ci95": [round(low, 4), round(high, 4)],
-        "n": len(diff),
-    }
+    """a - b for per-example 0/1 (or shared-credit) scores (eval.metrics.paired_claim), as the card
+    writes it: the mean difference, its BCa 95% interval, n."""
+    claim = paired_claim(a, b)
+    return {"difference": claim["difference"], "ci95": claim["ci"], "n": claim["users"]}
 
 
 class ReviewTaskMetric:

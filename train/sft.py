@@ -393,8 +393,8 @@ def greedy_answers(
 ) -> list[str]:
     """Greedy answers for rendered prompts, tokenized as TRL tokenizes the training prompt (with the
     tokenizer's special tokens), ``batch_size`` at a time, left-padded (``no_repeat_ngram_size``: no
-    n-gram twice, 0 for none); the tokenizer's padding side is restored after. Every rank calls it (see SampleGenerations: ``synced_gpus`` keeps sharded ranks
-    stepping together)."""
+    n-gram twice, 0 for none); the tokenizer's padding side is restored after. Every rank calls it
+    (see SampleGenerations: ``synced_gpus`` keeps sharded ranks stepping together)."""
     import torch
     import torch.distributed as dist
 

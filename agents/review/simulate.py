@@ -51,7 +51,7 @@ from agents.review.agent import (
 from agents.review.select import chosen_for, option_name, read_rule
 from agents.runs import Lock, drop_cut_line, read_jsonl
 from data_prep import fingerprint
-from data_prep.io import append_to
+from data_prep.io import append_to, numbered_text
 from data_prep.provenance import provenance
 from data_prep.schema import format_utc
 from data_prep.store import ReviewStore
@@ -88,8 +88,8 @@ CONFIG_CLASSES = (AgentConfig, LLMConfig, RunArguments)
 
 def finished(path: Path) -> dict[int, dict]:
     """Predictions already written; a last line without its newline (a kill mid-write) is cut off."""
-    drop_cut_line(path)  # rewritten without it: the lines appended next start clean
-    return {r["task_id"]: r for r in read_jsonl(path)}
+    data = drop_cut_line(path)  # rewritten without it: the lines appended next start clean
+    return {r["task_id"]: r for _, _, r in numbered_text(data.decode(), path)}
 
 
 def load_tasks(args: RunArguments, visibility: str = "time-aware") -> list[dict]:

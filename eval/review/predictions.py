@@ -13,7 +13,7 @@ import json
 import math
 from pathlib import Path
 
-from data_prep.io import numbered_lines
+from data_prep.io import numbered_text
 
 
 def summary_path(predictions: str | Path) -> Path:
@@ -49,7 +49,7 @@ def read_predictions(path: str | Path) -> list[dict]:
             raise PredictionError(f"{path}: not valid JSON ({err})") from None
         return [_official_entry(row, f"{path}[{i}]") for i, row in enumerate(rows)]
     try:
-        rows = numbered_lines(path, whole=True)
+        rows = numbered_text(text, path, whole=True)
     except ValueError as err:
         raise PredictionError(str(err)) from None
     entries = []
