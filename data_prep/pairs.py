@@ -82,9 +82,11 @@ def make_examples(
             counts["too_little_history"] += 1
             continue
         user_reviews = history[-k_user:] if k_user else []
-        item_reviews = (
-            store.get_reviews(item_id=target["item_id"], before=target["date"])[-k_item:] if k_item else []
+        # the item's reviews by other users: the user's own earlier review of it is theirs, not another's
+        others = store.get_reviews(
+            item_id=target["item_id"], before=target["date"], not_user=target["user_id"]
         )
+        item_reviews = others[-k_item:] if k_item else []
         completion = format_completion(target["stars"], target["text"])
         user, item = store.get_user(target["user_id"]), store.get_item(target["item_id"])
         try:

@@ -208,12 +208,17 @@ class ReviewStore:
         review_id: str | None = None,
         before: int | str | datetime | None = None,
         order: str = "time",
+        not_user: str | None = None,
     ) -> list[dict]:
         """Reviews matching every given key, oldest first (``order="file"``: in the order the build read
-        them, the official tool's order); never one of a blocked (user, item) pair."""
+        them, the official tool's order); never one of a blocked (user, item) pair. ``not_user``: leave
+        out that user's reviews (an item's reviews by other users, as a prompt calls them)."""
         if review_id is None and user_id is None and item_id is None:
             raise ValueError("get_reviews needs item_id, user_id or review_id")
         where, args = self._where(before, review_id=review_id, user_id=user_id, item_id=item_id)
+        if not_user is not None:
+            where += (" AND " if where else "WHERE ") + "r.user_id != ?"
+            args.append(not_user)
         by = {"time": "r.ts, r.review_id", "file": "r.rowid"}[order]
         sql = f"SELECT data FROM reviews r {where} ORDER BY {by}"
         return [orjson.loads(data) for (data,) in self.conn.execute(sql, args)]

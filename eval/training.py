@@ -140,7 +140,8 @@ class ReviewTaskMetric:
             store = next((s for s in stores if s.get_user(row["user_id"]) is not None), stores[0])
             before = parse_iso(row["date"])
             history = store.get_reviews(user_id=row["user_id"], before=before)
-            item = store.get_reviews(item_id=row["item_id"], before=before)
+            # other users' reviews, as the prompt's item section and the agents' copy baseline
+            item = store.get_reviews(item_id=row["item_id"], before=before, not_user=row["user_id"])
             best = retriever.centroid_review(history, item)
             median = float(np.median([r["stars"] for r in history])) if history else 3.0
             self.median.append(median)

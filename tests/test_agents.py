@@ -281,6 +281,27 @@ def test_context_never_shows_a_target_or_a_later_review(yelp_store, yelp_tasks):
         assert not any(r["user_id"] == task["user_id"] and r["item_id"] == task["item_id"] for r in shown)
 
 
+def test_the_items_reviews_are_other_users_even_without_a_block(tmp_path):
+    """The store blocks task pairs, so a task's user has no review of its item there. An unblocked store
+    can hold one: it stays in the user's history and never joins the item's reviews by other users."""
+    from conftest import write_lines
+
+    from data_prep import build
+
+    day = lambda d: f"2020-01-{d:02d} 12:00:00"  # noqa: E731
+    rows = [("own1", "u1", "b0", 1), ("oth1", "u2", "b0", 2), ("own2", "u1", "b0", 3)]
+    reviews = [
+        {"review_id": r, "user_id": u, "business_id": b, "stars": 3.0, "text": f"{r} text", "date": day(d)}
+        for r, u, b, d in rows
+    ]
+    path = write_lines(tmp_path / "yelp_academic_dataset_review.json.gz", reviews)
+    build.main(["--source", "yelp", "--input", str(path), "--out", str(tmp_path / "data")])
+    agent = ReviewAgent(AgentConfig(kind="stats", retrieval="bm25"), None, ReviewStore(tmp_path / "data"))
+    ctx = agent.context({"task_id": "t", "user_id": "u1", "item_id": "b0", "ts": to_epoch(day(4))})
+    assert [r["review_id"] for r in ctx.history] == ["own1", "own2"]
+    assert [r["review_id"] for r in ctx.item_all] == [r["review_id"] for r in ctx.item_pool] == ["oth1"]
+
+
 def test_unusable_answers_are_retried_then_fall_back_never_empty(yelp_store, yelp_tasks, monkeypatch):
     first = [
         "stars: 4\nreview: Lovely tacos.",  # fine

@@ -68,3 +68,58 @@ def test_pairs_for_a_validation_folder_keep_out_both_folders_and_both_periods(ye
     start = drawn["validation_for"]["validation_cutoff"]
     assert to_epoch(start) < to_epoch(test["cutoff"]) and card["data"][0]["targets_before"] == start
     assert all(to_epoch(r["date"]) < to_epoch(start) for r in made)
+
+
+def test_a_pair_never_shows_the_users_own_review_as_another_users(tmp_path):
+    """A user who reviewed the item before: that review is theirs. It may be among their reviews; it is
+    never under "What N other users wrote", where only other users' reviews of the item go."""
+    from conftest import write_lines
+    from transformers import AutoTokenizer
+
+    from data_prep.offline_models import smollm2_offline
+    from data_prep.store import ReviewStore
+
+    day = lambda d: f"2020-01-{d:02d} 12:00:00"  # noqa: E731
+    reviews = [
+        {
+            "review_id": "own1",
+            "user_id": "u1",
+            "business_id": "b0",
+            "stars": 2.0,
+            "text": "first visit",
+            "date": day(1),
+        },
+        {
+            "review_id": "oth1",
+            "user_id": "u2",
+            "business_id": "b0",
+            "stars": 4.0,
+            "text": "their visit",
+            "date": day(2),
+        },
+        {
+            "review_id": "own2",
+            "user_id": "u1",
+            "business_id": "b1",
+            "stars": 3.0,
+            "text": "elsewhere",
+            "date": day(3),
+        },
+        {
+            "review_id": "own3",
+            "user_id": "u1",
+            "business_id": "b0",
+            "stars": 5.0,
+            "text": "came back",
+            "date": day(4),
+        },
+    ]
+    path = write_lines(tmp_path / "yelp_academic_dataset_review.json.gz", reviews)
+    build.main(["--source", "yelp", "--input", str(path), "--out", str(tmp_path / "data")])
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_offline())
+    examples, _ = pairs.make_examples(ReviewStore(tmp_path / "data"), tokenizer, 4, 4, 1, 512)
+    (back,) = [e for e in examples if e["review_id"] == "own3"]
+    n_user = back["user_reviews_shown"]
+    assert back["shown_review_ids"][:n_user] == ["own1", "own2"]
+    assert back["shown_review_ids"][n_user:] == ["oth1"]  # own1 was shown under other users before
+    assert "What 1 other users wrote" in back["prompt"][1]["content"]

@@ -130,3 +130,13 @@ def test_appending_after_a_cut_line_starts_a_clean_line(tmp_path):
     with append_to(path) as handle:
         handle.write('{"task_id": 3}\n')
     assert read_jsonl(path) == [{"task_id": 1}, {"task_id": 3}]
+
+
+def test_not_user_leaves_out_that_users_reviews_of_the_item(tmp_path):
+    two = REVIEWS + [{**REVIEWS[0], "review_id": "o1", "user_id": "u2", "date": "2020-01-02 13:00:00"}]
+    path = write_lines(tmp_path / "yelp_academic_dataset_review.json.gz", two)
+    build.main(["--source", "yelp", "--input", str(path), "--out", str(tmp_path / "data")])
+    s = ReviewStore(tmp_path / "data")
+    assert [r["review_id"] for r in s.get_reviews(item_id="b0")] == ["r0", "o1", "r2", "r4"]
+    assert [r["review_id"] for r in s.get_reviews(item_id="b0", not_user="u1")] == ["o1"]
+    assert [r["review_id"] for r in s.get_reviews(item_id="b0", not_user="u1", before="2020-01-02")] == []

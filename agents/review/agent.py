@@ -230,8 +230,8 @@ class Context:
     user: dict
     item: dict
     history: list[dict]  # the user's visible reviews, oldest first
-    item_pool: list[dict]  # the item's most recent visible reviews (item_candidates of them)
-    item_all: list[dict]  # every visible review of the item
+    item_pool: list[dict]  # the item's most recent visible reviews by others (item_candidates of them)
+    item_all: list[dict]  # every visible review of the item by other users
     item_text: str  # the item as the prompt describes it (describe_item)
     user_reviews: list[dict] = field(default_factory=list)  # the user's reviews the prompt shows
     item_reviews: list[dict] = field(default_factory=list)  # the item's reviews the prompt shows
@@ -437,7 +437,11 @@ class ReviewAgent:
             before = self.before(task)
             user, item = self.store.get_user(task["user_id"]), self.store.get_item(task["item_id"])
             history = self.store.get_reviews(user_id=task["user_id"], before=before)
-            item_all = self.store.get_reviews(item_id=task["item_id"], before=before)
+            # other users' reviews of the item (with the task pair blocked the user has none; without, their
+            # own earlier review of it is in their history, not under "other users")
+            item_all = self.store.get_reviews(
+                item_id=task["item_id"], before=before, not_user=task["user_id"]
+            )
             item_pool = item_all[-self.config.item_candidates :]  # the most recent ones
             item_text = describe_item(item)
             style = " ".join(r["text"] for r in history[-3:]) or item_text
