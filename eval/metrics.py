@@ -154,23 +154,28 @@ def paired_claim(a, b, confidence: float = 0.95) -> dict:
     }
 
 
-def claims_lines(claims: list[dict], columns: dict | None = None) -> list[str]:
+def claims_lines(
+    claims: list[dict], columns: dict | None = None, title: str = "claim", after: dict | None = None
+) -> list[str]:
     """One markdown table of ``paired_claim`` records, each with its "claim" name: a blank line, the header
-    and a row per claim (none without claims). ``columns`` adds cells after the name: header -> a
-    function of the record giving the cell's text."""
+    and a row per claim (none without claims). ``title`` heads the name's column. ``columns`` adds cells
+    after the name, ``after`` at the end of the row: header -> a function of the record giving the cell."""
     if not claims:
         return []
-    columns = columns or {}
+    columns, after = columns or {}, after or {}
     confidence = claims[0]["confidence"]
     header = [
-        "claim",
+        title,
         *columns,
         "difference",
         f"{confidence:.2%} CI (paired BCa, Bonferroni over {len(claims)})",
+        "resamples > 0",
+        *after,
     ]
-    lines = ["", "| " + " | ".join([*header, "resamples > 0"]) + " |", "|" + "---|" * (len(header) + 1)]
+    lines = ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in claims:
         cells = [c["claim"], *(cell(c) for cell in columns.values()), f"{c['difference']:+.3f}"]
         cells += [f"[{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"{c['resamples_above_zero']:.1%}"]
+        cells += [cell(c) for cell in after.values()]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -80,18 +80,26 @@ def test_what_each_memory_part_adds_by_hand():
             "popularity": row([0.0] * 4, [[0]] * 4),
         }
     }
-    out = {a["ablation"]: a for a in g.ablations(results, "tuned")}
+    out = {a["claim"]: a for a in g.ablations(results, "tuned")}
     assert set(out) == {"tuned/no-reflection", "tuned/no-long-term"}  # not the other methods
     assert out["tuned/no-reflection"]["difference"] == pytest.approx(0.05)  # (0.1 + 0 + 0 + 0.1) / 4
     assert (
         out["tuned/no-reflection"]["walks_changed"] == 3 and out["tuned/no-long-term"]["walks_changed"] == 1
     )
     assert out["tuned/no-long-term"]["difference"] == 0 and out["tuned/no-long-term"]["confidence"] == 0.975
-    assert "what the memory part adds" in g.table({**results, "claims": [], "left_out": {}, "ablations": list(out.values()),
+    table = g.table({**results, "claims": [], "left_out": {}, "ablations": list(out.values()),
                                                    "steps": 1, "after": "x", "ceiling_recall": 0.5,
                                                    "recommender": {"page_size": 5, "kind": "mf"},
                                                    "methods": {k: {**v, "users": 4, "recall": {"mean": 0, "ci95": [0, 0]},
                                                                "hit_rate": {"mean": 0, "ci95": [0, 0]}} for k, v in results["methods"].items()}})  # fmt: skip
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line for line in table.splitlines() if line.startswith("| tuned/")
+    }
+    assert "| what the memory part adds (full minus ablated, recall) | difference |" in table
+    assert rows["tuned/no-reflection"].startswith("| tuned/no-reflection | +0.050 | [")
+    assert rows["tuned/no-reflection"].endswith(" | 3 of 4 |") and rows["tuned/no-long-term"].endswith(
+        " | 1 of 4 |"
+    )
 
 
 def test_the_agent_walks_the_pages_picking_rating_and_remembering_each_film(ml, cases):

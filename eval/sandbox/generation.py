@@ -238,19 +238,9 @@ def ablations(results: dict, subject: str) -> list[dict]:
     out = []
     for row in rows:
         other = results["methods"][row]
-        diff = np.array(full["recall_per_user"]) - np.array(other["recall_per_user"])
-        low, high, share = bca_interval(diff, confidence=confidence)
+        claim = paired_claim(full["recall_per_user"], other["recall_per_user"], confidence)
         changed = sum(a != b for a, b in zip(full.get("walks", []), other.get("walks", []), strict=False))
-        out.append(
-            {
-                "ablation": row,
-                "difference": round(float(diff.mean()), 4),
-                "ci": [round(low, 4), round(high, 4)],
-                "confidence": round(confidence, 5),
-                "walks_changed": changed,
-                "users": len(diff),
-            }
-        )
+        out.append({"claim": row, **claim, "walks_changed": changed})
     return out
 
 
@@ -381,19 +371,11 @@ def table(results: dict) -> str:
         lines.append(f"| {method} | left out: {why} | |")
     lines.append(f"| ceiling (the real next films any page showed) | {results['ceiling_recall']:.3f} | |")
     lines += claims_lines(results["claims"])
-    if results.get("ablations"):
-        confidence = results["ablations"][0]["confidence"]
-        lines += [
-            "",
-            f"| what the memory part adds (full minus ablated, recall) | difference | {confidence:.2%} CI "
-            f"(paired BCa, Bonferroni over {len(results['ablations'])}) | users whose walk changed |",
-            "|---|---|---|---|",
-        ]
-        for a in results["ablations"]:
-            lines.append(
-                f"| {a['ablation']} | {a['difference']:+.3f} | [{a['ci'][0]:+.3f}, {a['ci'][1]:+.3f}] | "
-                f"{a['walks_changed']} of {a['users']} |"
-            )
+    lines += claims_lines(
+        results.get("ablations", []),
+        title="what the memory part adds (full minus ablated, recall)",
+        after={"users whose walk changed": lambda a: f"{a['walks_changed']} of {a['users']}"},
+    )
     return "\n".join(lines) + "\n"
 
 
