@@ -109,6 +109,12 @@ def test_the_ladder_random_below_oracle_through_the_simulator(raw, tmp_path):
     assert "| oracle | 1.00" in (tmp_path / "eval" / "table.md").read_text()
     turns = [json.loads(line) for line in (out / "turns.jsonl").read_text().splitlines()]
     assert all(t["written_by"] == "template" for t in turns)
+    from agents.converse.simulator import TurnLog
+
+    # every key a run writes is one TurnLog documents; the agenda's slot and the ratings are among them
+    assert set().union(*turns) <= set(TurnLog.__annotations__) and {"slot", "rating", "fit"} <= set().union(
+        *turns
+    )
     rated = [(t["rating"], t["fit"]) for t in turns if t.get("rating") and t["rating"].get("llm_objective")]
     # the objective part is the measured fit of the recommended place, never the LLM's own score
     assert rated and all(r["objective"] == fit for r, fit in rated)

@@ -36,7 +36,7 @@ from agents.converse.crs import RECOMMENDERS, load_restaurants
 from agents.converse.goals import read_reviews, yelp_goals
 from agents.converse.plugins import PluginCRS, plugin_records
 from agents.converse.profiles import Persona, load_sources, resolve_conflicts, sample_personas
-from agents.converse.simulator import User, UserSimulator, decoding
+from agents.converse.simulator import TurnLog, User, UserSimulator, decoding
 from agents.llm import EXECUTION_FIELDS
 from agents.plugins import PluginError
 from agents.runs import Lock, json_lines, read_jsonl, valid_lines, write_json
@@ -176,7 +176,7 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
     for session, user in zip(sessions, users, strict=True):  # only the oracle reads them
         session.targets = list(user.persona.goal["targets"]) if user.persona.goal else []
     replies = [None] * len(ids)
-    turns: list[dict] = []
+    turns: list[TurnLog] = []
     active = list(range(len(ids)))
     while active:
         logs = simulator.step([users[k] for k in active], [replies[k] for k in active])

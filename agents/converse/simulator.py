@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 from tqdm import tqdm
@@ -127,6 +128,30 @@ def known_preferences(persona) -> set[str]:
     if persona is None:
         return set()
     return {p.lower() for p in persona.preferences} | {a["preference"].lower() for a in persona.adopted}
+
+
+class TurnLog(TypedDict, total=False):
+    """One user turn, as ``turns.jsonl`` keeps it: ``UserSimulator.step`` writes the user's part,
+    ``agents.converse.run`` adds the last four keys. A key is absent when its step did not run: no
+    "rating" or "fit" on the first turn (no reply yet) and no "rating" with ratings off (a rating that
+    was asked and lost is None); no "slot" when the agenda did not choose the act; no "adopted" without
+    a new preference."""
+
+    turn: int  # 1 for the user's first message
+    rating: dict | None  # the user's judgement of the recommender's last reply
+    fit: int | None  # a catalogue goal's measured fit of the best place that reply recommended
+    actions: list[str]  # from ACTIONS; "end" closes the dialogue
+    slot: str | None  # the goal's slot the agenda stated (city, cuisine, ...)
+    ended: str | None  # User.ended after this turn
+    intent: str  # the first action in the common intent vocabulary (ACTION_INTENT)
+    written_by: str  # "template" or "llm"
+    refinements: list[dict]  # per tool: judged, target, final level, and before/after when rewritten
+    message: str | None  # what the user said (None: ended without a message)
+    adopted: dict  # a preference the user took up this turn (unknown-preference excitation)
+    crs: str  # the recommender's name in the run
+    dialogue: int  # the dialogue's number within the run
+    persona: int  # Persona.id
+    reply: dict | None  # the recommender's answer to this message (agents.converse.crs.Reply as a dict)
 
 
 @dataclass
@@ -275,10 +300,10 @@ class UserSimulator:
         return max(-1.0, min(1.0, value))
 
     # -- a turn ---------------------------------------------------------------------------------------------
-    def step(self, users: list[User], replies: list) -> list[dict]:
+    def step(self, users: list[User], replies: list) -> list[TurnLog]:
         """One user turn for each user: ``replies[i]`` is the recommender's last Reply (None before the
         first turn). Returns one log record per user, with the user's message (None if it ended)."""
-        logs = [{"turn": u.turn + 1} for u in users]
+        logs: list[TurnLog] = [{"turn": u.turn + 1} for u in users]
         for user, reply in zip(users, replies, strict=True):
             if reply is not None:
                 user.dialogue.append(("assistant", reply.text))
@@ -442,7 +467,7 @@ class UserSimulator:
                 out[k] = list(dict.fromkeys(value["actions"]))
         return out
 
-    def excite(self, user: User, rating: dict, log: dict) -> None:
+    def excite(self, user: User, rating: dict, log: TurnLog) -> None:
         """Unknown-preference excitation: a well-fitting new suggestion may become a preference."""
         new = rating["new_preference"]
         if not (rating["recommended"] and new) or rating["fit"] < self.config.rating.excitation_fit:
@@ -459,7 +484,9 @@ class UserSimulator:
             self.counts["adopted_preferences"] += 1
 
     # -- refinement -----------------------------------------------------------------------------------------
-    def refine(self, users: list[User], messages: list[str], logs: list[dict], skip=frozenset()) -> list[str]:
+    def refine(
+        self, users: list[User], messages: list[str], logs: list[TurnLog], skip=frozenset()
+    ) -> list[str]:
         """Each tool in order: judge every open message, rewrite those off the persona's level (not the
         template's messages, ``skip``: the template states facts, not a style)."""
         messages = list(messages)
