@@ -7,9 +7,10 @@
 train.sft calls it at step 0 (``eval_on_start``) and at every evaluation. It writes the greedy answer for
 ``task_examples`` validation pairs (users held out from training, spread over the file), scores the
 stars and review with the offline evaluator (eval.scoring: PE, RG and overall, the stand-in scorers),
-and scores beside them, on the same pairs, the copy baseline: the item's older review nearest the
-centroid of the user's older reviews with the median of the user's older stars (eval.review.baselines'
-nearest-centroid, time-aware: only reviews strictly older than the pair's target). An answer without
+and scores beside them, on the same pairs, the copy baseline: another user's older review of the item
+nearest the centroid of the user's older reviews, with the median of the user's older stars
+(eval.review.baselines' nearest-centroid, time-aware: only reviews strictly older than the pair's
+target, from the stores the pairs were built from, their task pairs blocked). An answer without
 readable stars gets the user's median stars and is counted (``unreadable``); its text is scored as
 written.
 
@@ -130,7 +131,9 @@ class ReviewTaskMetric:
             raise ValueError("the task metric needs validation pairs")
         self.rows, self.output_dir, self.max_new_tokens = rows, Path(output_dir), max_new_tokens
         card = json.loads((Path(pairs) / "card.json").read_text())
-        stores = [ReviewStore.open(d["dir"]) for d in card["data"]]
+        # each store with its task pairs blocked, as data_prep.pairs built the prompts: the copy sees what
+        # the model was shown, no more
+        stores = [ReviewStore.open(d["dir"], tasks=d.get("tasks")) for d in card["data"]]
         encoder = packaged_minilm("auto", 64)
         self.scorers = build_scorers("offline", device="cpu")
         retriever = Retriever(encoder)
