@@ -6,8 +6,8 @@
 
 Every review the store shows (evaluation task pairs are blocked) whose user has at least --min-history
 strictly older reviews becomes one example: the prompt (data_prep.prompt.build_messages) shows the
-user's latest --k-user reviews (what the agents show too: ``user_reviews: latest``) and the item's
-latest --k-item reviews, all strictly older than the target; the completion is ``stars: S\\nreview:
+user's latest --k-user reviews (what the agents show too: ``user_reviews: latest``) and the latest
+--k-item reviews of the item by other users, all strictly older than the target; the completion is ``stars: S\\nreview:
 TEXT``. A prompt is fitted to --max-tokens by data_prep.prompt.fit_messages: text is cut by tokens
 (the item's description, then the longest review, each cut marked "…") before a review is dropped, and
 the user's last review goes only when no item text is left. The card counts the prompts by how many of

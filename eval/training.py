@@ -149,6 +149,7 @@ class ReviewTaskMetric:
             median = float(np.median([r["stars"] for r in history])) if history else 3.0
             self.median.append(median)
             copies.append((median, best["text"] if best else ""))
+        self.copies = copies  # the copy baseline's (stars, text) per pair
         self.copy = score_pairs(
             [c[0] for c in copies],
             [c[1] for c in copies],

@@ -119,6 +119,7 @@ def test_a_plugin_that_fails_in_a_run_is_counted_per_crs_and_never_rated(raw, tm
     assert len(turns) == 20  # two user turns per dialogue: the second one's reply failed
     second = [t for t in turns if t["turn"] == 2]
     assert all(t["reply"]["error"].startswith("raised") and "turn two" in t["reply"]["error"] for t in second)
+    assert [t["ended"] for t in second] == ["crs_error"] * 10  # the turn's log says why the dialogue ended
     assert all(t["rating"] for t in second)  # the first reply was rated on turn two ...
     assert summary["crs"][target]["rated_turns"] == 10  # ... and the failed one never
 

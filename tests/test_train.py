@@ -722,3 +722,36 @@ def test_the_task_metrics_greedy_answers_block_repeats_as_the_agents_decode(tiny
     for name in ("smollm2_cpu", "smollm2_cpu_quality"):
         recipe = yaml.safe_load((REPO_ROOT / "configs" / "sft" / f"{name}.yaml").read_text())
         assert recipe["task_no_repeat_ngram_size"] == 4, name
+
+
+def test_the_training_checks_copy_sees_only_what_the_prompts_could(tmp_path):
+    """The copy baseline beside the task metric copies another user's older review of the item, from the
+    store with its task pairs blocked: never the user's own earlier review of it, never a task's target."""
+    from conftest import write_lines
+
+    from eval.training import ReviewTaskMetric
+
+    day = lambda d: f"2020-01-{d:02d} 12:00:00"  # noqa: E731
+    rows = [
+        ("own1", "u1", "b0", 1, "my first visit, lovely pancakes"),
+        ("oth1", "u2", "b0", 2, "decent pancakes and coffee"),
+        ("task", "u3", "b0", 3, "my first visit, lovely pancakes again"),  # a task's target: blocked
+        ("own2", "u1", "b1", 3, "my first visit here, lovely waffles"),
+        ("own3", "u1", "b0", 4, "back for the pancakes"),
+    ]
+    reviews = [
+        {"review_id": r, "user_id": u, "business_id": b, "stars": 4.0, "text": t, "date": day(d)}
+        for r, u, b, d, t in rows
+    ]
+    path = write_lines(tmp_path / "yelp_academic_dataset_review.json.gz", reviews)
+    build.main(["--source", "yelp", "--input", str(path), "--out", str(tmp_path / "data")])
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "task_0.json").write_text(json.dumps({"user_id": "u3", "item_id": "b0"}))
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    card = {"data": [{"dir": str(tmp_path / "data"), "tasks": str(tmp_path / "tasks")}]}
+    (folder / "card.json").write_text(json.dumps(card))
+    row = {"user_id": "u1", "item_id": "b0", "date": day(4)}
+    row["completion"] = [{"role": "assistant", "content": "stars: 4\nreview: back for the pancakes"}]
+    metric = ReviewTaskMetric(str(folder), [row], str(tmp_path / "out"))
+    assert metric.copies == [(4.0, "decent pancakes and coffee")]

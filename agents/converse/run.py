@@ -8,7 +8,8 @@ Personas are sampled once (RecLLMSim's dictionaries and priors, conflicts resolv
 written to RUN_DIR/personas.json; every recommender in ``crs`` talks to the same personas, so their
 ratings compare pairwise. Dialogues run in chunks of ``chunk`` (all LLM calls of a turn batched across
 the chunk); after each chunk its dialogues are appended to dialogues.jsonl and every turn to
-turns.jsonl (text, intent, actions, rating, refinements, the recommender's reply and plan). Each chunk
+turns.jsonl (agents.converse.simulator.TurnLog: message, intent, actions, rating, refinements, the
+recommender's reply and plan). Each chunk
 draws from its own generator (seeded by the config's seed, the recommender and the chunk), so a run
 stopped and rerun continues with the next unfinished chunk and ends as the uninterrupted run would; a
 rerun with another config or data stops naming what changed (``--overwrite`` discards). Each
@@ -188,7 +189,7 @@ def converse(crs_name: str, personas: list[Persona], ids: list[int], simulator, 
                 users[k].ended = "crs_error"
         for k, log in zip(active, logs, strict=True):
             reply = replies[k] if k in reply_to else None
-            log.update(crs=crs_name, dialogue=ids[k], persona=users[k].persona.id)
+            log.update(crs=crs_name, dialogue=ids[k], persona=users[k].persona.id, ended=users[k].ended)
             log["reply"] = asdict(reply) if reply else None
             turns.append(log)
         active = [k for k in reply_to if not users[k].ended]

@@ -142,11 +142,11 @@ class TurnLog(TypedDict, total=False):
     fit: int | None  # a catalogue goal's measured fit of the best place that reply recommended
     actions: list[str]  # from ACTIONS; "end" closes the dialogue
     slot: str | None  # the goal's slot the agenda stated (city, cuisine, ...)
-    ended: str | None  # User.ended after this turn
+    ended: str | None  # User.ended after this turn ("crs_error" when the recommender failed to answer it)
     intent: str  # the first action in the common intent vocabulary (ACTION_INTENT)
     written_by: str  # "template" or "llm"
     refinements: list[dict]  # per tool: judged, target, final level, and before/after when rewritten
-    message: str | None  # what the user said (None: ended without a message)
+    message: str  # what the user said (template, LLM, or the fallback when the LLM's answer is unusable)
     adopted: dict  # a preference the user took up this turn (unknown-preference excitation)
     crs: str  # the recommender's name in the run
     dialogue: int  # the dialogue's number within the run
@@ -302,7 +302,7 @@ class UserSimulator:
     # -- a turn ---------------------------------------------------------------------------------------------
     def step(self, users: list[User], replies: list) -> list[TurnLog]:
         """One user turn for each user: ``replies[i]`` is the recommender's last Reply (None before the
-        first turn). Returns one log record per user, with the user's message (None if it ended)."""
+        first turn). Returns one log record per user, with the user's message (a closing one when it ends)."""
         logs: list[TurnLog] = [{"turn": u.turn + 1} for u in users]
         for user, reply in zip(users, replies, strict=True):
             if reply is not None:

@@ -650,8 +650,9 @@ class ReviewAgent:
         return [*pool, baseline], len(pool)
 
     def group(self, ctx: Context) -> str:
-        """The task's group for its selection rule (as the star model groups): does the item have a
-        visible review older than the moment."""
+        """The task's group for its selection rule: does the item have a visible review by another user
+        older than the moment. With the task pair blocked, as in every evaluation, that is how the star
+        model groups; on an unblocked store the user's own earlier rating counts for the star model."""
         return GROUPS[bool(ctx.item_all)]
 
     def rule(self, ctx: Context) -> tuple[str, float]:
