@@ -724,6 +724,7 @@ def test_the_task_metrics_greedy_answers_block_repeats_as_the_agents_decode(tiny
         assert recipe["task_no_repeat_ngram_size"] == 4, name
 
 
+@pytest.mark.slow
 def test_the_training_checks_copy_sees_only_what_the_prompts_could(tmp_path):
     """The copy baseline beside the task metric copies another user's older review of the item, from the
     store with its task pairs blocked: never the user's own earlier review of it, never a task's target."""
