@@ -215,10 +215,9 @@ class ReviewStore:
         out that user's reviews (an item's reviews by other users, as a prompt calls them)."""
         if review_id is None and user_id is None and item_id is None:
             raise ValueError("get_reviews needs item_id, user_id or review_id")
-        where, args = self._where(before, review_id=review_id, user_id=user_id, item_id=item_id)
-        if not_user is not None:
-            where += (" AND " if where else "WHERE ") + "r.user_id != ?"
-            args.append(not_user)
+        where, args = self._where(
+            before, review_id=review_id, user_id=user_id, item_id=item_id, not_user=not_user
+        )
         by = {"time": "r.ts, r.review_id", "file": "r.rowid"}[order]
         sql = f"SELECT data FROM reviews r {where} ORDER BY {by}"
         return [orjson.loads(data) for (data,) in self.conn.execute(sql, args)]
@@ -242,14 +241,17 @@ class ReviewStore:
         where, args = self._where(before, **keys)
         return self.conn.execute(f"SELECT 1 FROM reviews r {where} LIMIT 1", args).fetchone() is not None
 
-    def _where(self, before=None, **keys) -> tuple[str, list]:
-        """The WHERE clause over ``reviews r``: the given keys, strictly older than ``before``, and
-        never a review of a blocked (user, item) pair."""
+    def _where(self, before=None, not_user: str | None = None, **keys) -> tuple[str, list]:
+        """The WHERE clause over ``reviews r``: the given keys, strictly older than ``before``, not by
+        ``not_user``, and never a review of a blocked (user, item) pair."""
         clauses, args = [], []
         for column, value in keys.items():
             if value is not None:
                 clauses.append(f"r.{column} = ?")
                 args.append(value)
+        if not_user is not None:
+            clauses.append("r.user_id != ?")
+            args.append(not_user)
         if before is not None:
             clauses.append("r.ts < ?")
             args.append(to_epoch(before))
