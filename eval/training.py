@@ -29,6 +29,9 @@ set of the training pairs on the same examples; on every example, the share of a
 can parse (the JSON it asks for: a non-empty ``actions`` list or a non-empty ``message``). An answer it
 cannot parse is wrong and counted. The best checkpoint is kept by the action accuracy.
 
+Each evaluation's answers are kept in output_dir/task_eval/step_N.jsonl. A resumed run scores those of
+the step it keeps and of step 0 again, so its card compares them as an unbroken run's would.
+
 train never imports eval (tests/test_layout.py): the recipe names this function, and train.sft loads it
 by its import path.
 """
@@ -100,14 +103,36 @@ CHOICE_PLOT = {
 RATING_SERIES = {"rating MAE (stars)": ["task_rating_mae", "user_mean_rating_mae"]}
 
 
-NOT_KEPT = "the kept step was evaluated before this process resumed: no paired comparison"
+NOT_KEPT = (
+    "the kept step was evaluated before this process resumed and its answers are not in task_eval/: "
+    "no paired comparison"
+)
+
+
+def restore(metric, steps, key: str) -> None:
+    """Evaluations made by an earlier process of a resumed run: score again the greedy answers it saved
+    in output_dir/task_eval/step_N.jsonl, so the card's paired comparisons survive a restart. A step is
+    restored only when its file holds the same examples (``key``) with the same truths, in order; else it
+    stays unknown. Scoring is deterministic, so a restored step scores as it did."""
+    have = {h["step"] for h in metric.history}
+    for step in sorted({s for s in steps if s is not None} - have):
+        path = metric.output_dir / "task_eval" / f"step_{step}.jsonl"
+        if not path.exists():
+            continue
+        saved = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        same = [(s[key], s["truth"]) for s in saved] == [
+            (r[key], r["completion"][0]["content"]) for r in metric.rows
+        ]
+        if same:
+            metric([s["answer"] for s in saved], step, write=False)
+    metric.history.sort(key=lambda h: h["step"])
 
 
 def kept_and_references(history: list[dict], best_step: int | None, key: str, baseline: tuple[str, object]):
     """The evaluation kept (the best step's; without one, the last) and what the card compares it with,
     by name: the base model (step 0, where the adapter's B matrices start at zero) when the kept step is
     another one, then ``baseline`` (name, per-example values). ``key``: the per-example values of a
-    history entry. None and {} when the kept step was evaluated before this process resumed."""
+    history entry. None and {} when the kept step is in neither the history nor task_eval/ (restore)."""
     by_step = {h["step"]: h for h in history}
     kept = by_step.get(best_step) if best_step is not None else (history[-1] if history else None)
     if kept is None:
@@ -184,6 +209,7 @@ class ReviewTaskMetric:
     def summary(self, best_step: int | None) -> dict:
         """For the model card: the curve, and at the kept step the paired difference against the base
         model (step 0: the adapter's B matrices start at zero) and against the copy baseline."""
+        restore(self, (0, best_step), "review_id")
         curve = [{k: v for k, v in h.items() if k != "terms"} for h in self.history]
         out = {"examples": len(self.rows), "curve": curve, "plot": REVIEW_PLOT}
         kept, comparisons = kept_and_references(
@@ -277,6 +303,7 @@ class ChoiceTaskMetric:
     def summary(self, best_step: int | None) -> dict:
         """The curve and, at the kept step, the paired accuracy difference (BCa, over pages) against the
         base model (step 0) and against the most-rated film on the page."""
+        restore(self, (0, best_step), "example_id")
         curve = [{k: v for k, v in h.items() if k != "correct"} for h in self.history]
         plot = (
             CHOICE_PLOT
@@ -384,6 +411,7 @@ class ConverseTaskMetric:
     def summary(self, best_step: int | None) -> dict:
         """The curve and, at the kept step, the paired action-accuracy difference (BCa, over turns)
         against the base model (step 0) and against the majority action set."""
+        restore(self, (0, best_step), "example_id")
         curve = [{k: v for k, v in h.items() if k != "correct"} for h in self.history]
         out = {"examples": len(self.rows), "curve": curve, "plot": CONVERSE_PLOT,
                "majority_actions": sorted(self.majority)}  # fmt: skip

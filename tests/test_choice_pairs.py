@@ -196,9 +196,19 @@ def test_the_choice_metric_scores_answers_against_the_page_and_its_references(tm
     assert card["kept_step"] == 5 and [p["step"] for p in card["curve"]] == [0, 5]
     assert card["adapter_minus_base"]["accuracy"]["difference"] == round(2 / 3, 4)
     assert card["adapter_minus_most_rated"]["accuracy"]["difference"] == 0.5
-    resumed = metric.summary(10)  # kept a step this process never evaluated: no comparison to make
-    assert resumed["kept_step"] == 10 and "note" in resumed and "adapter_minus_base" not in resumed
+    unknown = metric.summary(10)  # kept a step no process evaluated: no comparison to make
+    assert unknown["kept_step"] == 10 and "note" in unknown and "adapter_minus_base" not in unknown
     written = (tmp_path / "task_eval" / "step_5.jsonl").read_text().splitlines()
     assert [json.loads(x)["answer"] for x in written] == ["2", "1", "4"]
+    # a resumed run: a new process evaluates step 10 only; steps 0 and 5 come back from their answers
+    resumed = ChoiceTaskMetric("unused", rows, str(tmp_path), max_new_tokens=3)
+    resumed(["1", "1", "1"], step=10)
+    again = resumed.summary(5)
+    assert [p["step"] for p in again["curve"]] == [0, 5, 10]
+    assert again["adapter_minus_base"] == card["adapter_minus_base"]
+    assert again["adapter_minus_most_rated"] == card["adapter_minus_most_rated"]
+    # answers saved for other examples are not restored
+    other = ChoiceTaskMetric("unused", rows[:2], str(tmp_path), max_new_tokens=3)
+    assert "note" in other.summary(5) and [p["step"] for p in other.summary(5)["curve"]] == []
     with pytest.raises(SystemExit, match="rebuild the pairs"):
         ChoiceTaskMetric("old", [{k: v for k, v in rows[0].items() if k != "page_counts"}], str(tmp_path))
