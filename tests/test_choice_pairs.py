@@ -177,7 +177,7 @@ def test_the_command_writes_pairs_split_by_user_and_train_sft_takes_them(ml, raw
 
 
 def test_the_choice_metric_scores_answers_against_the_page_and_its_references(tmp_path):
-    from eval.training import ChoiceTaskMetric
+    from eval.sandbox.training_check import ChoiceTaskMetric
 
     def row(i, truth, counts):
         completion = [{"role": "assistant", "content": str(truth)}]

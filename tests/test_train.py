@@ -730,7 +730,7 @@ def test_the_training_checks_copy_sees_only_what_the_prompts_could(tmp_path):
     store with its task pairs blocked: never the user's own earlier review of it, never a task's target."""
     from conftest import write_lines
 
-    from eval.training import ReviewTaskMetric
+    from eval.review.training_check import ReviewTaskMetric
 
     day = lambda d: f"2020-01-{d:02d} 12:00:00"  # noqa: E731
     rows = [

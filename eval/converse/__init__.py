@@ -48,6 +48,8 @@ judged levels by the persona's level).
   --high oracle-explains`` compares the rungs that differ only in words (language and action).
 - **Consistency across backbones** (``--consistency A B``): two replays of the same conversations,
   their conversation-level ratings correlated per rating.
+
+``training_check`` holds the task metric the converse recipe evaluates during training (eval.training).
 """
 
 from __future__ import annotations

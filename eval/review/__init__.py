@@ -6,7 +6,8 @@
 - ``predictions``: prediction files read and matched to tasks, every problem named;
 - ``baselines``: model-free reference predictions (previous review, user mean, nearest centroid);
 - ``selection``: an MBR agent's selection rule chosen on validation tasks;
-- ``suite``: every agent and baseline on one task folder, scored side by side.
+- ``suite``: every agent and baseline on one task folder, scored side by side;
+- ``training_check``: the task metric a review recipe evaluates during training (eval.training).
 
 ``python -m agents.review evaluate|suite|choose|baseline`` runs them by name.
 """
@@ -14,7 +15,7 @@
 import importlib
 import warnings
 
-SUBMODULES = {"score", "fidelity", "predictions", "baselines", "selection", "suite"}
+SUBMODULES = {"score", "fidelity", "predictions", "baselines", "selection", "suite", "training_check"}
 
 
 def __getattr__(name: str):
