@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.io import read_jsonl
 from eval.metrics import paired_claim
 
 
@@ -42,7 +43,7 @@ def restore(metric, steps, key: str) -> None:
         path = metric.output_dir / "task_eval" / f"step_{step}.jsonl"
         if not path.exists():
             continue
-        saved = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        saved = read_jsonl(path)  # a last line cut by a kill is left out: then the examples differ
         same = [(s[key], s["truth"]) for s in saved] == [
             (r[key], r["completion"][0]["content"]) for r in metric.rows
         ]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep.io import read_jsonl
 from eval.task_check import NOT_KEPT, kept_and_references, paired_share, restore, write_answers
 
 
@@ -61,12 +62,11 @@ class ConverseTaskMetric:
             raise SystemExit(
                 f"error: {train} is missing: the majority baseline is read from the training pairs"
             )
-        sets = Counter()
-        with train.open() as handle:
-            for line in handle:
-                row = json.loads(line)
-                if row.get("kind") == "action":
-                    sets[action_set(row["completion"][0]["content"])] += 1
+        sets = Counter(
+            action_set(row["completion"][0]["content"])
+            for row in read_jsonl(train, whole=True)
+            if row.get("kind") == "action"
+        )
         self.majority = sets.most_common(1)[0][0] if sets else frozenset()
         self.truth = [action_set(rows[i]["completion"][0]["content"]) for i in self.actions]
         self.majority_correct = np.array([float(t == self.majority) for t in self.truth])
