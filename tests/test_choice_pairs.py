@@ -207,8 +207,17 @@ def test_the_choice_metric_scores_answers_against_the_page_and_its_references(tm
     assert [p["step"] for p in again["curve"]] == [0, 5, 10]
     assert again["adapter_minus_base"] == card["adapter_minus_base"]
     assert again["adapter_minus_most_rated"] == card["adapter_minus_most_rated"]
-    # answers saved for other examples are not restored
+    # answers saved for other examples, or for the same ids with other truths, are not restored
     other = ChoiceTaskMetric("unused", rows[:2], str(tmp_path), max_new_tokens=3)
     assert "note" in other.summary(5) and [p["step"] for p in other.summary(5)["curve"]] == []
+    moved = [row(0, 3, [1, 9, 3, 0, 0]), *rows[1:]]
+    assert "note" in ChoiceTaskMetric("unused", moved, str(tmp_path), max_new_tokens=3).summary(5)
+    # without a best step the kept one is this process's last evaluation: none at all, no comparison
+    # (not the restored base model's answers compared as if they were the adapter's)
+    blank = ChoiceTaskMetric("unused", rows, str(tmp_path), max_new_tokens=3)
+    assert "note" in blank.summary(None) and blank.history == []
+    blank(["2", "1", "4"], step=15)
+    last = blank.summary(None)
+    assert last["kept_step"] == 15 and last["adapter_minus_base"] == card["adapter_minus_base"]
     with pytest.raises(SystemExit, match="rebuild the pairs"):
         ChoiceTaskMetric("old", [{k: v for k, v in rows[0].items() if k != "page_counts"}], str(tmp_path))

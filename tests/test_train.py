@@ -594,6 +594,17 @@ def test_the_task_metric_runs_at_step_0_and_every_evaluation_and_keeps_the_best_
     ]
 
 
+def test_a_run_that_starts_at_step_0_keeps_no_answers_of_an_earlier_start(tmp_path):
+    """A start that died before its first checkpoint leaves answers a later run's task metric would
+    restore as its own (eval.task_check.restore): a fresh start removes them, and only them."""
+    out = tmp_path / "out"
+    for name in ("task_eval/step_0.jsonl", "samples/step_0.jsonl", "fingerprint.json"):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("{}\n")
+    sft.drop_answers_of_an_earlier_start(str(out))
+    assert sorted(p.name for p in out.iterdir()) == ["fingerprint.json"]
+
+
 def test_a_task_metric_that_is_not_module_colon_function_is_refused(tmp_path, tiny_model, amazon_pairs):
     config = recipe(tmp_path, tiny_model, amazon_pairs, task_metric="eval.training.review_task_metric")
     with pytest.raises(SystemExit, match="is not module:function"):

@@ -265,6 +265,19 @@ def finished(checkpoint: str, output_dir: str) -> bool:
     return 0 < state.get("max_steps", 0) <= state["global_step"] or bool(record.get("stopped_early"))
 
 
+def drop_answers_of_an_earlier_start(output_dir: str) -> None:
+    """A run that starts at step 0 keeps no evaluation answers of an earlier start that died before its
+    first checkpoint (output_dir/task_eval, samples): the task metric scores again those of a resumed
+    run, and they must be this run's. The main process removes them; the others wait."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.is_main_process:
+        for name in ("task_eval", "samples"):
+            shutil.rmtree(Path(output_dir) / name, ignore_errors=True)
+    state.wait_for_everyone()
+
+
 def resume_point(explicit: str | None, output_dir: str) -> str | None:
     if explicit:
         path = Path(explicit)
@@ -837,6 +850,8 @@ def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     )
     inputs_digest = check_fingerprint(recipe, training_args, model_args)
     resume = resume_point(training_args.resume_from_checkpoint, training_args.output_dir)
+    if resume is None:
+        drop_answers_of_an_earlier_start(training_args.output_dir)
     run_id = stable_wandb_run_id(training_args.output_dir, inputs_digest)
     # the W&B project and group of this adapter, kept in its training card: the evaluations of the
     # adapter (eval.review --wandb, eval.review.suite --wandb) log into the same group

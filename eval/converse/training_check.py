@@ -102,7 +102,7 @@ class ConverseTaskMetric:
     def summary(self, best_step: int | None) -> dict:
         """The curve and, at the kept step, the paired action-accuracy difference (BCa, over turns)
         against the base model (step 0) and against the majority action set."""
-        restore(self, (0, best_step), "example_id")
+        restore(self, best_step, "example_id")
         curve = [{k: v for k, v in h.items() if k != "correct"} for h in self.history]
         out = {"examples": len(self.rows), "curve": curve, "plot": CONVERSE_PLOT,
                "majority_actions": sorted(self.majority)}  # fmt: skip

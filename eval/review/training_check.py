@@ -121,7 +121,7 @@ class ReviewTaskMetric:
     def summary(self, best_step: int | None) -> dict:
         """For the model card: the curve, and at the kept step the paired difference against the base
         model (step 0: the adapter's B matrices start at zero) and against the copy baseline."""
-        restore(self, (0, best_step), "review_id")
+        restore(self, best_step, "review_id")
         curve = [{k: v for k, v in h.items() if k != "terms"} for h in self.history]
         out = {"examples": len(self.rows), "curve": curve, "plot": REVIEW_PLOT}
         kept, comparisons = kept_and_references(

@@ -93,7 +93,7 @@ class ChoiceTaskMetric:
     def summary(self, best_step: int | None) -> dict:
         """The curve and, at the kept step, the paired accuracy difference (BCa, over pages) against the
         base model (step 0) and against the most-rated film on the page."""
-        restore(self, (0, best_step), "example_id")
+        restore(self, best_step, "example_id")
         curve = [{k: v for k, v in h.items() if k != "correct"} for h in self.history]
         plot = (
             CHOICE_PLOT
