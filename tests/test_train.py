@@ -230,7 +230,7 @@ def test_a_stopped_run_resumes_to_the_same_end_with_the_same_data_order(tmp_path
     def losses_of(trainer):
         return {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
 
-    save = {"max_steps": 6, "save_strategy": "steps", "save_steps": 3}
+    save = {"max_steps": 6, "save_strategy": "steps", "save_steps": 3, "save_total_limit": 1}
     whole = sft.main(["--config", str(recipe(tmp_path / "a", tiny_model, amazon_pairs, **save))])
 
     class Killed(Exception):
@@ -256,6 +256,8 @@ def test_a_stopped_run_resumes_to_the_same_end_with_the_same_data_order(tmp_path
     resumed = sft.main(["--config", str(cut)], callbacks=[CountSteps()])  # no flag: it finds checkpoint-3
     assert resumed.state.global_step == whole.state.global_step == 6
     assert CountSteps.steps == [4, 5, 6]  # steps 1-3 were not redone
+    # save_total_limit removed the checkpoint it resumed from; the card was still written
+    assert not (tmp_path / "b" / "out" / "checkpoint-3").exists()
     after, before = losses_of(resumed), losses_of(whole)
     for step in range(1, 7):
         assert after[step] == pytest.approx(before[step], rel=1e-5)  # same batches, same order
@@ -636,6 +638,9 @@ def falling_metric(pairs, rows, output_dir, max_new_tokens):
 def test_the_task_metric_stops_a_run_that_does_not_improve_and_a_rerun_keeps_it(
     tmp_path, tiny_model, amazon_pairs
 ):
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
     config = recipe(
         tmp_path, tiny_model, amazon_pairs, max_steps=12, eval_strategy="steps", eval_steps=2,
         save_strategy="steps", save_steps=2, eval_on_start=True, task_metric="tests.test_train:falling_metric",
@@ -655,6 +660,26 @@ def test_the_task_metric_stops_a_run_that_does_not_improve_and_a_rerun_keeps_it(
         again.state.global_step == 6
         and json.loads((tmp_path / "out" / "training_card.json").read_text()) == card
     )
+    # a run that ended but died before it saved: a rerun saves the kept adapter and the card, no step
+    out = tmp_path / "out"
+    for name in ("training_card.json", "README.md", "adapter_model.safetensors", "training_data.json"):
+        (out / name).unlink()
+    steps = []
+
+    class CountSteps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(state.global_step)
+
+    sft.main(["--config", str(config)], callbacks=[CountSteps()])
+    assert steps == [] and (out / "training_data.json").exists()
+    saved = json.loads((out / "training_card.json").read_text())
+    for key in ("steps", "stopped_early", "best_checkpoint", "task_metric", "train_losses"):
+        assert saved[key] == card[key], key
+    kept, written = (
+        load_file(out / "checkpoint-2" / "adapter_model.safetensors"),
+        load_file(out / "adapter_model.safetensors"),
+    )
+    assert kept.keys() == written.keys() and all(torch.equal(kept[k], written[k]) for k in kept)
 
 
 def test_qlora_under_an_accelerate_zero3_launch_is_refused_before_anything_loads(

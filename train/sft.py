@@ -251,18 +251,53 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return str(max(done, key=lambda p: int(p.name[11:]))) if done else None
 
 
+def ended(checkpoint: str) -> bool:
+    """Whether training ended at ``checkpoint``: it reached max_steps, or the early stopping it saved
+    there had run out of patience (its counter reached early_stopping_patience)."""
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    if 0 < state.get("max_steps", 0) <= state["global_step"]:
+        return True
+    early = state.get("stateful_callbacks", {}).get("EarlyStoppingCallback", [])
+    for saved in early if isinstance(early, list) else [early]:  # a list when there were several
+        patience = saved.get("args", {}).get("early_stopping_patience")
+        if (
+            patience is not None
+            and saved.get("attributes", {}).get("early_stopping_patience_counter", 0) >= patience
+        ):
+            return True
+    return False
+
+
 def finished(checkpoint: str, output_dir: str) -> bool:
-    """Whether ``checkpoint`` is the last step of a run that ended and saved its adapter and card there
-    (the card's steps are the checkpoint's, and those are all its max_steps or it stopped early there)."""
+    """Whether ``checkpoint`` is the last step of a run that ended there (``ended``) and saved its adapter
+    and card (the card's steps are the checkpoint's)."""
     state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
     card = Path(output_dir) / "training_card.json"
     if not (card.exists() and (Path(output_dir) / "adapter_model.safetensors").exists()):
         return False
-    record = json.loads(card.read_text())
-    if record.get("steps") != state["global_step"]:
-        return False
-    # it ran to max_steps, or the task metric stopped it (early_stopping_patience) at this step
-    return 0 < state.get("max_steps", 0) <= state["global_step"] or bool(record.get("stopped_early"))
+    return json.loads(card.read_text()).get("steps") == state["global_step"] and ended(checkpoint)
+
+
+def load_ended_run(trainer, checkpoint: str) -> None:
+    """A run that ended at ``checkpoint`` but whose process died before it saved the adapter and card:
+    take its state from there and the weights it would have saved (the best checkpoint's when
+    load_best_model_at_end, else this one's), so the save below writes what the run would have."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import TrainerState
+
+    trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
+    best = trainer.state.best_model_checkpoint
+    kept = best if trainer.args.load_best_model_at_end and best else checkpoint
+    loaded = set_peft_model_state_dict(
+        trainer.model, load_file(str(Path(kept) / "adapter_model.safetensors"))
+    )
+    if loaded.unexpected_keys:
+        raise SystemExit(f"error: {kept}'s adapter does not fit this model: {loaded.unexpected_keys[:3]} ...")
+    trainer.accelerator.print(
+        f"{checkpoint} ended the run at step {trainer.state.global_step} but no adapter and card were saved: "
+        f"saving them now from {kept}"
+    )
 
 
 def drop_answers_of_an_earlier_start(output_dir: str) -> None:
@@ -938,11 +973,16 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
             f"{trainer.state.max_steps} ({resume}; adapter and card saved): nothing to do"
         )
         return trainer
-    if resume:
-        trainer.accelerator.print(f"resuming from {resume}")
-    if resume:  # the resumed step was evaluated before the stop: again would count as "no better" once more
-        trainer.args.eval_on_start = False
-    trainer.train(resume_from_checkpoint=resume)
+    # read before training: save_total_limit may remove the resumed checkpoint
+    start = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
+    if resume and ended(resume):
+        load_ended_run(trainer, resume)
+    else:
+        if resume:
+            trainer.accelerator.print(f"resuming from {resume}")
+            # the resumed step was evaluated before the stop: again would count as "no better" once more
+            trainer.args.eval_on_start = False
+        trainer.train(resume_from_checkpoint=resume)
     stop = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "SaveAndStop"), None)
     if stop is not None and stop.requested:  # a checkpoint at this step, not the end: no adapter or card
         step = trainer.state.global_step
@@ -965,7 +1005,6 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
         generation.eos_token_id = tokenizer.eos_token_id  # the chat template's end of turn
         generation.pad_token_id = tokenizer.pad_token_id
         generation.save_pretrained(training_args.output_dir)
-        start = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
         metric = next(
             (c.kept_metric for c in trainer.callback_handler.callbacks if hasattr(c, "kept_metric")), None
         )
