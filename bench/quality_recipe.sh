@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The CPU quality recipe (configs/sft/smollm2_cpu_quality.yaml, about 40 minutes of training) on both
+# The CPU quality recipe (configs/sft/smollm2_cpu_quality.yaml, about 4 hours of training per split) on both
 # samples and both splits, beside the demo recipe's rows of bench/quality.sh:
 #
 #   bash bench/quality.sh amazon && bash bench/quality.sh yelp     # first: samples, tasks, validation
-#   bash bench/quality_recipe.sh                                    # then: about 3 hours on 2 CPU cores
+#   bash bench/quality_recipe.sh                                    # then: about 11 hours on 2 CPU cores
 #   SPLITS=all bash bench/quality_recipe.sh                         # leave-last-out only
 #   SPLITS=all SAMPLES=yelp bash bench/quality_recipe.sh            # one sample's suite (the adapter
 #                                                                   # still trains on both samples' pairs)
