@@ -607,6 +607,29 @@ def test_a_run_that_starts_at_step_0_keeps_no_answers_of_an_earlier_start(tmp_pa
     assert sorted(p.name for p in out.iterdir()) == ["fingerprint.json"]
 
 
+def test_a_run_ended_at_max_steps_or_out_of_patience_not_when_stopped_on_request(tmp_path):
+    """sft.ended reads the checkpoint's trainer_state.json. A requeue's stop (SaveAndStop) also saves
+    should_training_stop: that run has not ended, and a rerun must resume it, not save a card."""
+
+    def checkpoint(name, step, counter, stop):
+        folder = tmp_path / name
+        folder.mkdir()
+        early = {
+            "args": {"early_stopping_patience": 3},
+            "attributes": {"early_stopping_patience_counter": counter},
+        }
+        control = {"args": {"should_training_stop": stop}, "attributes": {}}
+        state = {"global_step": step, "max_steps": 100,
+                 "stateful_callbacks": {"EarlyStoppingCallback": early, "TrainerControl": control}}  # fmt: skip
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+        return str(folder)
+
+    assert sft.ended(checkpoint("at_max_steps", 100, 0, True))
+    assert sft.ended(checkpoint("out_of_patience", 40, 3, True))
+    assert not sft.ended(checkpoint("stopped_on_request", 40, 1, True))
+    assert not sft.ended(checkpoint("mid_run", 40, 2, False))
+
+
 def test_a_task_metric_that_is_not_module_colon_function_is_refused(tmp_path, tiny_model, amazon_pairs):
     config = recipe(tmp_path, tiny_model, amazon_pairs, task_metric="eval.training.review_task_metric")
     with pytest.raises(SystemExit, match="is not module:function"):
