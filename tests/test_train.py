@@ -661,7 +661,7 @@ def falling_metric(pairs, rows, output_dir, max_new_tokens):
 def test_the_task_metric_stops_a_run_that_does_not_improve_and_a_rerun_keeps_it(
     tmp_path, tiny_model, amazon_pairs
 ):
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, save_file
     from transformers import TrainerCallback
 
     config = recipe(
@@ -693,6 +693,14 @@ def test_the_task_metric_stops_a_run_that_does_not_improve_and_a_rerun_keeps_it(
         def on_step_end(self, args, state, control, **kwargs):
             steps.append(state.global_step)
 
+    kept_file = out / "checkpoint-2" / "adapter_model.safetensors"
+    whole = kept_file.read_bytes()
+    partial = load_file(kept_file)
+    partial.pop(sorted(partial)[0])
+    save_file(partial, kept_file)  # an adapter that lacks a LoRA matrix is refused, not loaded in part
+    with pytest.raises(SystemExit, match="missing"):
+        sft.main(["--config", str(config)])
+    kept_file.write_bytes(whole)
     sft.main(["--config", str(config)], callbacks=[CountSteps()])
     assert steps == [] and (out / "training_data.json").exists()
     saved = json.loads((out / "training_card.json").read_text())

@@ -269,19 +269,24 @@ def ended(checkpoint: str) -> bool:
 
 
 def finished(checkpoint: str, output_dir: str) -> bool:
-    """Whether ``checkpoint`` is the last step of a run that ended there (``ended``) and saved its adapter
-    and card (the card's steps are the checkpoint's)."""
+    """Whether ``checkpoint`` is the last step of a run that ended there and saved its adapter and card
+    (the card's steps are the checkpoint's; the run ended, or its card says it stopped early)."""
     state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
     card = Path(output_dir) / "training_card.json"
     if not (card.exists() and (Path(output_dir) / "adapter_model.safetensors").exists()):
         return False
-    return json.loads(card.read_text()).get("steps") == state["global_step"] and ended(checkpoint)
+    record = json.loads(card.read_text())
+    if record.get("steps") != state["global_step"]:
+        return False
+    return ended(checkpoint) or bool(record.get("stopped_early"))
 
 
 def load_ended_run(trainer, checkpoint: str) -> None:
     """A run that ended at ``checkpoint`` but whose process died before it saved the adapter and card:
     take its state from there and the weights it would have saved (the best checkpoint's when
-    load_best_model_at_end, else this one's), so the save below writes what the run would have."""
+    load_best_model_at_end, else this one's), so the save below writes the adapter the run would have.
+    The card's throughput covers no steps: their runtime was not saved. One process or DDP only: under
+    FSDP or DeepSpeed the model is sharded only by ``train()``, so the kept checkpoint is named instead."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
     from transformers import TrainerState
@@ -289,11 +294,20 @@ def load_ended_run(trainer, checkpoint: str) -> None:
     trainer.state = TrainerState.load_from_json(str(Path(checkpoint) / "trainer_state.json"))
     best = trainer.state.best_model_checkpoint
     kept = best if trainer.args.load_best_model_at_end and best else checkpoint
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        raise SystemExit(
+            f"error: {checkpoint} ended the run but no adapter and card were saved, and a sharded launch "
+            f"cannot save them without training: the kept adapter is {kept} (a PEFT adapter folder)"
+        )
     loaded = set_peft_model_state_dict(
         trainer.model, load_file(str(Path(kept) / "adapter_model.safetensors"))
     )
-    if loaded.unexpected_keys:
-        raise SystemExit(f"error: {kept}'s adapter does not fit this model: {loaded.unexpected_keys[:3]} ...")
+    missing = [k for k in loaded.missing_keys if "lora_" in k]  # the base weights are missing by design
+    if loaded.unexpected_keys or missing:
+        raise SystemExit(
+            f"error: {kept}'s adapter does not fit this model: unexpected {loaded.unexpected_keys[:3]}, "
+            f"missing {missing[:3]}"
+        )
     trainer.accelerator.print(
         f"{checkpoint} ended the run at step {trainer.state.global_step} but no adapter and card were saved: "
         f"saving them now from {kept}"
