@@ -251,10 +251,15 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return str(max(done, key=lambda p: int(p.name[11:]))) if done else None
 
 
+def saved_state(checkpoint: str) -> dict:
+    """The trainer state a checkpoint saved (its trainer_state.json, as JSON)."""
+    return json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+
+
 def ended(checkpoint: str) -> bool:
     """Whether training ended at ``checkpoint``: it reached max_steps, or the early stopping it saved
     there had run out of patience (its counter reached early_stopping_patience)."""
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    state = saved_state(checkpoint)
     if 0 < state.get("max_steps", 0) <= state["global_step"]:
         return True
     early = state.get("stateful_callbacks", {}).get("EarlyStoppingCallback", [])
@@ -271,7 +276,7 @@ def ended(checkpoint: str) -> bool:
 def finished(checkpoint: str, output_dir: str) -> bool:
     """Whether ``checkpoint`` is the last step of a run that ended there and saved its adapter and card
     (the card's steps are the checkpoint's; the run ended, or its card says it stopped early)."""
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    state = saved_state(checkpoint)
     card = Path(output_dir) / "training_card.json"
     if not (card.exists() and (Path(output_dir) / "adapter_model.safetensors").exists()):
         return False
@@ -988,7 +993,7 @@ def main(argv: list[str] | None = None, callbacks: list | None = None):
         )
         return trainer
     # read before training: save_total_limit may remove the resumed checkpoint
-    start = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"] if resume else 0
+    start = saved_state(resume)["global_step"] if resume else 0
     if resume and ended(resume):
         load_ended_run(trainer, resume)
     else:
