@@ -185,6 +185,7 @@ QUESTIONNAIRE_ITEMS = {
 
 
 def converse_questionnaire_prompt(about: str, task: str, transcript: str) -> str:
+    """The whole questionnaire, answered as one JSON object (the simulator's ``questionnaire_read: json``)."""
     items = "\n".join(
         f"{name}: {question} ({' / '.join(options)})"
         for name, (question, options) in QUESTIONNAIRE_ITEMS.items()
@@ -192,6 +193,18 @@ def converse_questionnaire_prompt(about: str, task: str, transcript: str) -> str
     return (
         f"{about}\nYour task: {task}\nYour conversation with the assistant:\n{transcript}\n"
         f"Now fill in the questionnaire about the assistant, as yourself:\n{items}"
+    )
+
+
+def converse_questionnaire_item_prompt(about: str, task: str, transcript: str, name: str) -> str:
+    """One item of the questionnaire, its options numbered by their place on the item's scale: the answer
+    is one digit, read from the model's probabilities (``questionnaire_read: expected`` or ``greedy``)."""
+    question, options = QUESTIONNAIRE_ITEMS[name]
+    listing = "\n".join(f"{value}: {text}" for text, value in sorted(options.items(), key=lambda o: o[1]))
+    return (
+        f"{about}\nYour task: {task}\nYour conversation with the assistant:\n{transcript}\n"
+        f"Answer one question about the assistant, as yourself.\n{question}\n{listing}\n"
+        "Answer with the number of your choice."
     )
 
 

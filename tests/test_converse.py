@@ -677,11 +677,13 @@ def test_no_interval_when_resamples_keep_hitting_a_constant_rating():
 
 
 @pytest.mark.slow
-def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(raw, tmp_path):
-    """A backend that knows each person's real answers gives them back: every item's correlation is +1;
-    one that answers the opposite gets -1 (Holm-corrected p-values on the table of four)."""
+@pytest.mark.parametrize("read", ["json", "expected"])
+def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(raw, tmp_path, read):
+    """A backend that knows each person's real answers gives them back, in one JSON object or as the
+    probabilities of each item's numbered options: every item's correlation is +1; one that answers the
+    opposite gets -1 (Holm-corrected p-values on the table of four)."""
     from data_prep.prompt import QUESTIONNAIRE_ITEMS
-    from eval.converse import replay_check
+    from eval.converse import QUESTIONNAIRE, replay_check
 
     def key(text):
         return " ".join(text.split())[:150]
@@ -722,9 +724,28 @@ def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(ra
                 out[name] = order[len(order) - 1 - order.index(value)] if self.flip else value
             return json.dumps(out)
 
-    same = replay_check(
-        raw / "recllmsim", config("rating.read=json"), tmp_path / "a", "human", 40, Knows(False)
-    )
+        def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
+            """One item per prompt: its options numbered by their place on the item's scale."""
+            out = []
+            for conversation in conversations:
+                text = conversation[-1]["content"]
+                name = next(n for n, (q, _) in QUESTIONNAIRE_ITEMS.items() if q in text)
+                scale = QUESTIONNAIRE_ITEMS[name][1]
+                assert options == [str(v) for v in sorted(scale.values())]
+                assert all(f"{v}: {o}" in text for o, v in scale.items())
+                lines = [line for line in text.splitlines() if line.startswith("Assistant: ")]
+                real = answers.get(key(lines[-1].removeprefix("Assistant: "))) if lines else None
+                if real is None:
+                    out.append(Answer("", probs=None, probs_from="unavailable"))
+                    continue
+                level = QUESTIONNAIRE[name][real[name]]
+                level = len(options) - 1 - level if self.flip else level
+                probs = {o: float(int(o) == level) for o in options}
+                out.append(Answer(str(level), probs=probs, expected=float(level), probs_from="logprobs"))
+            return out
+
+    settings = config("rating.read=json", f"questionnaire_read={read}")
+    same = replay_check(raw / "recllmsim", settings, tmp_path / "a", "human", 40, Knows(False))
     assert same["unusable_questionnaires"] < 40
     varied = [n for n, r in same["questionnaire"].items() if "spearman" in r]
     assert {"Detail", "Diversity"} <= set(varied)
@@ -733,10 +754,76 @@ def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(ra
         same["questionnaire"][n]["simulated_mean"] == same["questionnaire"][n]["real_mean"] for n in varied
     )
     assert all("spearman_p_holm" in same["questionnaire"][n] for n in varied)
-    flipped = replay_check(
-        raw / "recllmsim", config("rating.read=json"), tmp_path / "b", "human", 40, Knows(True)
-    )
+    flipped = replay_check(raw / "recllmsim", settings, tmp_path / "b", "human", 40, Knows(True))
     assert all(flipped["questionnaire"][n]["spearman"] == -1.0 for n in varied)
+    assert same["questionnaire_read"] == read and same["shown"]["conversations"] == 40
+
+
+class Words:
+    """A tokenizer of whitespace-separated words (what converse_transcript needs: call and decode)."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": text.split()}
+
+    def decode(self, ids):
+        return " ".join(ids)
+
+
+def test_the_questionnaire_is_read_from_probabilities_item_by_item_and_says_what_it_showed():
+    """Each item is asked alone and read as the expected place over its numbered options (greedy: the
+    most likely one); the JSON reading writes at the judgement's temperature (0), not the run's 0.7; an
+    item without probabilities makes the whole answer unusable (counted); and each answer says how
+    much of its conversation the prompt showed."""
+    from data_prep.prompt import QUESTIONNAIRE_ITEMS
+
+    class Split(Scripted):
+        """Half the probability on the lowest option and half on the highest; none for one person."""
+
+        def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
+            out = []
+            for conversation in conversations:
+                if "Nobody" in conversation[-1]["content"]:
+                    out.append(Answer("", probs=None, probs_from="unavailable"))
+                    continue
+                probs = {o: 0.5 if o in (options[0], options[-1]) else 0.0 for o in options}
+                out.append(
+                    Answer(options[0], probs=probs, expected=float(options[-1]) / 2, probs_from="logprobs")
+                )
+            return out
+
+        def generate(self, conversations, sampling, constraint=None):
+            self.temperatures = [*getattr(self, "temperatures", []), sampling.temperature]
+            return super().generate(conversations, sampling, constraint)
+
+    turns = [("user" if k % 2 == 0 else "assistant", f"turn {k} " + "word " * 20) for k in range(10)]
+    people = [
+        {"about": "You are Ann.", "task": "Plan a trip.", "turns": turns},
+        {"about": "Nobody.", "task": "Plan a trip.", "turns": turns[:2]},
+    ]
+    expected = UserSimulator(config("transcript_turns=6"), Split(), np.random.default_rng(0))
+    answers = expected.questionnaire(people)
+    assert answers[0].answer == {name: (len(o) - 1) / 2 for name, (_, o) in QUESTIONNAIRE_ITEMS.items()}
+    assert answers[1].answer is None and expected.counts["fallback:questionnaire"] == 1
+    assert expected.counts["llm_calls:questionnaire_item"] == 2 * len(QUESTIONNAIRE_ITEMS)
+    assert (answers[0].shown.turns, answers[0].shown.of_turns, answers[0].shown.whole) == (6, 10, False)
+    assert answers[1].shown.whole and answers[1].shown.tokens is None  # no tokenizer: tokens unmeasured
+    greedy = UserSimulator(config("questionnaire_read=greedy"), Split(), np.random.default_rng(0))
+    assert greedy.questionnaire(people[:1])[0].answer == {name: 0 for name in QUESTIONNAIRE_ITEMS}
+
+    measured = UserSimulator(
+        config("transcript_turns=10", "transcript_tokens=64"), Split(), np.random.default_rng(0)
+    )
+    measured.tokenizer = Words()
+    shown = measured.questionnaire(people[:1])[0].shown
+    # each turn is 23 words: the newest two fit 64 whole, the third is cut to the 18 left, the rest left out
+    assert (shown.turns, shown.cut, shown.tokens, shown.of_tokens) == (3, 1, 64, 230)
+
+    written = Split()
+    json_read = UserSimulator(
+        config("questionnaire_read=json", "temperature=0.7"), written, np.random.default_rng(0)
+    )
+    json_read.questionnaire(people[:1])
+    assert written.temperatures == [0.0]
 
 
 @pytest.mark.slow
@@ -776,7 +863,7 @@ def test_a_stopped_questionnaire_replay_resumes_without_redoing_and_refuses_othe
                 ]
             return super().generate(conversations, sampling, constraint)
 
-    settings = config("temperature=0")
+    settings = config("temperature=0", "questionnaire_read=json")
     whole = replay_check(
         raw / "recllmsim", settings, tmp_path / "whole", "human", 70, Answers(), turn_ratings=False
     )
@@ -806,8 +893,11 @@ def test_a_stopped_questionnaire_replay_resumes_without_redoing_and_refuses_othe
     ]
     assert len(lines) == len({row["file"] for row in lines}) == 70
     with pytest.raises(SystemExit, match="transcript_tokens"):
-        replay_check(raw / "recllmsim", config("temperature=0", "transcript_tokens=512"), tmp_path / "cut", "human",
-                     70, Answers(), turn_ratings=False)  # fmt: skip
+        replay_check(raw / "recllmsim", config("temperature=0", "questionnaire_read=json", "transcript_tokens=512"),
+                     tmp_path / "cut", "human", 70, Answers(), turn_ratings=False)  # fmt: skip
+    with pytest.raises(SystemExit, match="questionnaire_read"):  # answers read otherwise are not mixed in
+        replay_check(raw / "recllmsim", config("temperature=0"), tmp_path / "cut", "human", 70, Answers(),
+                     turn_ratings=False)  # fmt: skip
 
 
 @pytest.mark.slow

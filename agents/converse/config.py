@@ -169,6 +169,11 @@ class ConverseConfig:
     rating_tokens: int = Field(
         320, ge=32
     )  # ... and a rating's JSON (a cut one is an unusable rating, counted)
+    # how the people's questionnaire (eval.converse --replay human) is answered: expected (each item's
+    # expected place on its scale, from the model's probabilities over the item's numbered options) or
+    # greedy (the most likely option), one prompt per item; or json (all four items in one JSON object,
+    # written at rating.temperature)
+    questionnaire_read: str = Field("expected", pattern="^(json|greedy|expected)$")
     priors: PriorsConfig = field(default_factory=PriorsConfig)
     rating: RatingConfig = field(default_factory=RatingConfig)
     refinement: RefinementConfig = field(default_factory=RefinementConfig)

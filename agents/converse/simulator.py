@@ -98,6 +98,33 @@ FALLBACK_MESSAGE = "Could you suggest something?"
 TOKENS = {"action": 40, "judge": 8, "questionnaire": 64}
 
 
+@dataclass(frozen=True)
+class Shown:
+    """How much of a dialogue a prompt showed: ``turns`` of its ``of_turns`` turns (the oldest of them
+    cut by tokens when ``cut`` is 1), and ``tokens`` of the ``of_tokens`` its whole transcript takes
+    (None without a tokenizer)."""
+
+    turns: int
+    of_turns: int
+    cut: int
+    tokens: int | None
+    of_tokens: int | None
+
+    @property
+    def whole(self) -> bool:
+        return self.turns == self.of_turns and not self.cut
+
+
+@dataclass(frozen=True)
+class Questionnaire:
+    """The simulator's answer to the people's questionnaire about one conversation: each item's place on
+    its ordinal scale (a float when read as an expected value), or None when it could not be read; and
+    what the prompts showed of the conversation."""
+
+    answer: dict[str, float] | None
+    shown: Shown
+
+
 def decoding(config) -> dict:
     """How each kind of the simulated user's calls decodes (the run's record: summary.json): the
     temperature and token caps of the config, every other setting neutral (agents.llm.Sampling)."""
@@ -108,12 +135,17 @@ def decoding(config) -> dict:
     }
     out = {
         kind: Sampling(
-            tokens, config.rating.temperature if kind == "rating" else config.temperature
+            tokens, config.rating.temperature if kind in ("rating", "questionnaire") else config.temperature
         ).settings()
         for kind, tokens in {**caps, **TOKENS}.items()
     }
     out["rating_scores"] = (
         {"read": config.rating.read, "from": "option probabilities"} if config.rating.read != "json" else None
+    )
+    out["questionnaire_items"] = (
+        {"read": config.questionnaire_read, "from": "option probabilities"}
+        if config.questionnaire_read != "json"
+        else None
     )
     return out
 
@@ -201,13 +233,24 @@ class UserSimulator:
     def transcript(self, dialogue: list[tuple[str, str]]) -> str:
         """data_prep.prompt.converse_transcript with this run's settings; cuts counted (turns_cut,
         turns_left_out; transcripts_unmeasured without a tokenizer)."""
+        return self.shown_transcript(dialogue)[0]
+
+    def shown_transcript(self, dialogue: list[tuple[str, str]]) -> tuple[str, Shown]:
+        """``transcript`` with how much of the dialogue it shows (Shown)."""
         text, cut, left_out = converse_transcript(
             dialogue, self.config.transcript_turns, self.config.transcript_tokens, self.tokenizer
         )
         self.counts["turns_cut"] += cut
         self.counts["turns_left_out"] += left_out
         self.counts["transcripts_unmeasured"] += self.tokenizer is None and bool(dialogue)
-        return text
+        tokens = of_tokens = None
+        if self.tokenizer is not None:
+            whole = converse_transcript(dialogue, len(dialogue), 0)[0]  # every turn, whole
+            tokens, of_tokens = (
+                len(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in (text, whole)
+            )
+        turns = min(len(dialogue), self.config.transcript_turns) - left_out
+        return text, Shown(turns, len(dialogue), cut, tokens, of_tokens)
 
     # -- rating -------------------------------------------------------------------------------------------
     def rate(self, items: list[dict]) -> list[dict | None]:
@@ -560,10 +603,22 @@ class UserSimulator:
         return out
 
     # -- replay -------------------------------------------------------------------------------------------------
-    def questionnaire(self, conversations: list[dict]) -> list[dict | None]:
+    def questionnaire(self, conversations: list[dict]) -> list[Questionnaire]:
         """conversations as for ``replay``: each whole conversation answered with RecLLMSim's questionnaire
-        for the real people (data_prep.prompt.QUESTIONNAIRE_ITEMS; a structured answer, one option per
-        item), as ordinal values; None for an unusable answer (counted: fallback:questionnaire)."""
+        for the real people (data_prep.prompt.QUESTIONNAIRE_ITEMS), each item as its place on the item's
+        ordinal scale, read as ``questionnaire_read`` says; with what the prompts showed of it. An
+        unusable answer is None (counted: fallback:questionnaire)."""
+        shown = [self.shown_transcript(c["turns"]) for c in conversations]
+        texts = [text for text, _ in shown]
+        if self.config.questionnaire_read == "json":
+            answers = self.questionnaire_json(conversations, texts)
+        else:
+            answers = self.questionnaire_probs(conversations, texts)
+        self.counts["fallback:questionnaire"] += sum(a is None for a in answers)
+        return [Questionnaire(a, s) for a, (_, s) in zip(answers, shown, strict=True)]
+
+    def questionnaire_json(self, conversations: list[dict], texts: list[str]) -> list[dict | None]:
+        """All four items in one JSON object (one option per item), at the judgement's temperature."""
         from data_prep.prompt import QUESTIONNAIRE_ITEMS, converse_questionnaire_prompt
 
         schema = Constraint.json_object(
@@ -573,20 +628,55 @@ class UserSimulator:
             }
         )
         prompts = [
-            converse_questionnaire_prompt(c["about"], c["task"], self.transcript(c["turns"]))
-            for c in conversations
+            converse_questionnaire_prompt(c["about"], c["task"], text)
+            for c, text in zip(conversations, texts, strict=True)
         ]
         out = []
         for start in tqdm(range(0, len(prompts), 32), desc="questionnaires", unit=" x32", leave=False):
             for answer in self.generate(
-                prompts[start : start + 32], schema, "questionnaire", TOKENS["questionnaire"]
+                prompts[start : start + 32],
+                schema,
+                "questionnaire",
+                TOKENS["questionnaire"],
+                self.config.rating.temperature,
             ):
                 value = schema.parse(answer)
-                if value is None:
-                    self.counts["fallback:questionnaire"] += 1
-                    out.append(None)
-                    continue
-                out.append({name: QUESTIONNAIRE_ITEMS[name][1][value[name]] for name in QUESTIONNAIRE_ITEMS})
+                out.append(
+                    None
+                    if value is None
+                    else {name: QUESTIONNAIRE_ITEMS[name][1][value[name]] for name in QUESTIONNAIRE_ITEMS}
+                )
+        return out
+
+    def questionnaire_probs(self, conversations: list[dict], texts: list[str]) -> list[dict | None]:
+        """Each item asked on its own, its options numbered by their place on its scale, and read from
+        the model's probabilities over those digits (expected or greedy): no sampling, and no score
+        decided by a first token written before the rest."""
+        from data_prep.prompt import QUESTIONNAIRE_ITEMS, converse_questionnaire_item_prompt
+
+        out: list[dict | None] = [{} for _ in conversations]
+        seed = int(self.rng.integers(2**31 - 1))
+        for name, (_, options) in QUESTIONNAIRE_ITEMS.items():
+            digits = [str(v) for v in sorted(options.values())]
+            chats = [
+                [
+                    {
+                        "role": "user",
+                        "content": converse_questionnaire_item_prompt(c["about"], c["task"], t, name),
+                    }
+                ]
+                for c, t in zip(conversations, texts, strict=True)
+            ]
+            answers = option_probs(self.backend, chats, digits, seed=seed)
+            self.counts["llm_calls:questionnaire_item"] += len(chats)
+            count_usage(answers, self.counts)
+            self.counts.update(f"questionnaire_probs_from:{a.probs_from}" for a in answers)
+            for k, answer in enumerate(answers):
+                value = read_choice(answer, self.config.questionnaire_read)
+                if out[k] is not None and value is None:
+                    out[k] = None  # an item that could not be read: the whole questionnaire is a fallback
+                elif out[k] is not None:
+                    out[k][name] = value
         return out
 
     def replay(self, conversations: list[dict]) -> list[list[dict | None]]:

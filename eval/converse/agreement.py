@@ -9,7 +9,7 @@ import numpy as np
 
 from agents.stats import holm_rows
 from data_prep import recllmsim
-from eval.converse.replay import QUESTIONNAIRE, bootstrap_p, holm, item_agreement
+from eval.converse.replay import QUESTIONNAIRE, bootstrap_p, holm, item_agreement, shown_summary
 
 
 def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
@@ -27,13 +27,15 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
         for c in recllmsim.load(data).conversations
         if c.source == "human"
     }
-    answered = []
+    answered, shown = [], []
     for run in runs:
         if not (run / "questionnaire_answers.jsonl").exists():
             raise SystemExit(
                 f"error: {run} holds no questionnaire_answers.jsonl (eval.converse --replay human)"
             )
-        rows = {row["file"]: row["answer"] for _, row in valid_lines(run / "questionnaire_answers.jsonl")}
+        lines = [row for _, row in valid_lines(run / "questionnaire_answers.jsonl")]
+        rows = {row["file"]: row["answer"] for row in lines}
+        shown.append(shown_summary([row.get("shown") for row in lines]))
         unknown = sorted(set(rows) - set(truth))
         if unknown:
             raise ValueError(
@@ -44,6 +46,7 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
     out = {
         "runs": [str(r) for r in runs],
         "answered": [len(a) for a in answered],
+        "shown": shown,
         "items": {},
         "differences": {},
     }
@@ -126,6 +129,20 @@ def agreement_table(result: dict) -> str:
                 f"| {run} | {name} | {r['n']} | {r['spearman']:+.3f}{ci or ' (no interval)'} | "
                 f"{r['spearman_p_holm']:.3g} | {r['simulated_mean']} | {r['real_mean']} |"
             )
+    lines += [
+        "",
+        "| backbone | conversations | shown whole | share of turns shown (quartiles) | share of tokens shown (quartiles) |",
+        "|---|---|---|---|---|",
+    ]
+
+    def quartiles(v):
+        return "not recorded" if v is None else " / ".join(f"{x:.2f}" for x in v)
+
+    for run, s in zip(result["runs"], result["shown"], strict=True):
+        lines.append(
+            f"| {run} | {s['conversations']} | {s['whole']} | {quartiles(s['turns_share_quartiles'])} | "
+            f"{quartiles(s['tokens_share_quartiles'])} |"
+        )
     if result["differences"]:
         lines += [
             "",

@@ -100,12 +100,14 @@ def holm(correlations: dict) -> dict:
 
 def questionnaire_answers(
     simulator, convs, recorded: list[dict], out: Path, config, limit
-) -> list[dict | None]:
+) -> tuple[list[dict | None], list[dict | None]]:
     """The simulator's questionnaire for each conversation, appended to OUT/questionnaire_answers.jsonl
     batch by batch (32 conversations), so a stopped replay resumes where it stopped (a line cut by a
-    kill is redone); a rerun with another backbone, adapter, transcript budget, seed or sample refuses
-    to resume (OUT/fingerprint.json names what changed). With temperature 0 a resumed replay answers as
-    an uninterrupted one."""
+    kill is redone); a rerun with another backbone, adapter, transcript budget, reading, seed or sample
+    refuses to resume (OUT/fingerprint.json names what changed). Answers read from probabilities, or
+    written at temperature 0, are the same resumed or not. Returns the answers and, per conversation,
+    what the prompts showed of it (agents.converse.simulator.Shown as a dict; None in a file written
+    before it was recorded)."""
     from dataclasses import asdict
 
     from agents.llm import EXECUTION_FIELDS
@@ -120,7 +122,8 @@ def questionnaire_answers(
         "adapter": fingerprint.adapter_digest(config.llm.adapter) if config.llm.adapter else None,
         "transcript_turns": config.transcript_turns,
         "transcript_tokens": config.transcript_tokens,
-        "temperature": config.temperature,
+        "questionnaire_read": config.questionnaire_read,
+        "judgement_temperature": config.rating.temperature,
         "seed": config.seed,
         "limit": limit,
         "conversations": [c.file for c in convs],
@@ -129,18 +132,38 @@ def questionnaire_answers(
         path.unlink(missing_ok=True)
     fingerprint.record(out, inputs)
     drop_cut_line(path)  # a line cut off by a kill: redone
-    done = {row["file"]: row["answer"] for _, row in valid_lines(path)}
+    done = {row["file"]: (row["answer"], row.get("shown")) for _, row in valid_lines(path)}
     todo = [k for k, c in enumerate(convs) if c.file not in done]
     if done:
         print(f"resuming: {len(done)} questionnaires answered, {len(todo)} to go")
     with append_to(path) as sink:
         for start in tqdm(range(0, len(todo), 32), desc="questionnaires", unit=" x32"):
             chunk = todo[start : start + 32]
-            for k, answer in zip(chunk, simulator.questionnaire([recorded[k] for k in chunk]), strict=True):
-                sink.write(json.dumps({"file": convs[k].file, "answer": answer}, ensure_ascii=False) + "\n")
-                done[convs[k].file] = answer
+            for k, q in zip(chunk, simulator.questionnaire([recorded[k] for k in chunk]), strict=True):
+                row = {"file": convs[k].file, "answer": q.answer, "shown": asdict(q.shown)}
+                sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+                done[convs[k].file] = (q.answer, row["shown"])
             sink.flush()
-    return [done[c.file] for c in convs]
+    return [done[c.file][0] for c in convs], [done[c.file][1] for c in convs]
+
+
+def shown_summary(shown: list[dict | None]) -> dict:
+    """How much of the conversations the questionnaire's prompts showed: how many whole (every turn, none
+    cut), and the quartiles of the share of turns and of tokens shown (tokens: where measured)."""
+    rows = [s for s in shown if s]
+    turns = [s["turns"] / s["of_turns"] for s in rows if s["of_turns"]]
+    tokens = [s["tokens"] / s["of_tokens"] for s in rows if s.get("tokens") is not None and s["of_tokens"]]
+
+    def quartiles(values):
+        return [round(float(v), 3) for v in np.percentile(values, [25, 50, 75])] if values else None
+
+    return {
+        "conversations": len(rows),
+        "whole": sum(s["turns"] == s["of_turns"] and not s["cut"] for s in rows),
+        "turns_share_quartiles": quartiles(turns),
+        "tokens_share_quartiles": quartiles(tokens),
+        "unrecorded": len(shown) - len(rows),
+    }
 
 
 def replay_check(
@@ -217,8 +240,10 @@ def replay_check(
             )
     holm(results["correlations"])
     if source == "human":  # the same questionnaire the people filled, answered by the simulator
-        answers = questionnaire_answers(simulator, convs, recorded, out, config, limit)
+        answers, shown = questionnaire_answers(simulator, convs, recorded, out, config, limit)
         results["unusable_questionnaires"] = sum(a is None for a in answers)
+        results["questionnaire_read"] = config.questionnaire_read
+        results["shown"] = shown_summary(shown)
         results["questionnaire"] = {}
         for name in QUESTIONNAIRE:
             keep = [i for i, a in enumerate(answers) if a is not None and not np.isnan(truth[name][i])]
@@ -233,16 +258,18 @@ def replay_check(
         # say which model answered each conversation
     out.mkdir(parents=True, exist_ok=True)
     (out / f"replay_{source}.json").write_text(json.dumps(results, indent=1, ensure_ascii=False))
-    shown = {**results["correlations"], **results.get("questionnaire", {})}
+    printed = {**results["correlations"], **results.get("questionnaire", {})}
     print(
         json.dumps(
             {
                 k: {m: v.get(m) for m in ("n", "spearman", "spearman_ci95", "spearman_p_holm")}
-                for k, v in shown.items()
+                for k, v in printed.items()
             },
             indent=1,
         )
     )
+    if "shown" in results:
+        print(f"what the questionnaire's prompts showed: {json.dumps(results['shown'])}")
     return results
 
 
