@@ -818,12 +818,38 @@ def test_the_questionnaire_is_read_from_probabilities_item_by_item_and_says_what
     # each turn is 23 words: the newest two fit 64 whole, the third is cut to the 18 left, the rest left out
     assert (shown.turns, shown.cut, shown.tokens, shown.of_tokens) == (3, 1, 64, 230)
 
+    assert answers[0].read_from == "logprobs"
+
+    class NoProbs(Scripted):  # a server without log-probabilities: each item sampled (8 answers), labelled
+        option_probs = None
+
+    sampled = UserSimulator(config(), NoProbs(), np.random.default_rng(0)).questionnaire(people[:1])[0]
+    assert sampled.read_from == "samples" and sampled.answer == {name: 0.0 for name in QUESTIONNAIRE_ITEMS}
+
     written = Split()
     json_read = UserSimulator(
         config("questionnaire_read=json", "temperature=0.7"), written, np.random.default_rng(0)
     )
-    json_read.questionnaire(people[:1])
+    assert json_read.questionnaire(people[:1])[0].read_from == "json"
     assert written.temperatures == [0.0]
+
+
+def test_what_the_questionnaire_showed_is_summarised_over_conversations():
+    """Whole conversations are counted, shares of turns and tokens go into quartiles, and a row from a
+    file written before it was recorded is counted apart, not as a conversation shown nothing."""
+    from eval.converse.replay import shown_summary
+
+    rows = [
+        {"turns": 6, "of_turns": 12, "cut": 0, "tokens": 300, "of_tokens": 900},
+        {"turns": 4, "of_turns": 4, "cut": 0, "tokens": 200, "of_tokens": 200},
+        {"turns": 4, "of_turns": 4, "cut": 1, "tokens": 150, "of_tokens": 400},
+        {"turns": 2, "of_turns": 8, "cut": 1, "tokens": None, "of_tokens": None},
+        None,
+    ]
+    summary = shown_summary(rows)
+    assert (summary["conversations"], summary["whole"], summary["unrecorded"]) == (4, 1, 1)
+    assert summary["turns_share_quartiles"] == [0.438, 0.75, 1.0]  # shares 0.5, 1, 1, 0.25
+    assert summary["tokens_share_quartiles"] == [0.354, 0.375, 0.688]  # 1/3, 1, 0.375: three measured
 
 
 @pytest.mark.slow
@@ -922,7 +948,10 @@ def test_agreement_pairs_two_backbones_on_the_conversations_both_answered(raw, t
     for n in varied:
         d = result["differences"][f"{n}: {tmp_path / 'coin'} - {tmp_path / 'perfect'}"]
         assert d["n"] == 120 and d["ci95"][1] < 0 and d["p_holm"] < 0.05
-    assert "paired difference" in agreement_table(result)
+    table = agreement_table(result)
+    assert "paired difference" in table
+    # these answer files predate the reading's record and what was shown: the table says so
+    assert result["read"] == ["json, sampled (older run)"] * 2 and "not recorded" in table
     (tmp_path / "stray").mkdir()
     (tmp_path / "stray" / "questionnaire_answers.jsonl").write_text(
         '{"file": "nowhere.json", "answer": null}\n'
@@ -1051,3 +1080,12 @@ def test_the_replay_runs_on_an_openai_compatible_server(raw, tmp_path, monkeypat
     assert ratings["conversations"] == 2
     means = list(ratings["ratings"].values())  # each conversation's mean over its assistant turns
     assert len(means) == 2 and all(m["language_quality"] == pytest.approx(expected) for m in means)
+
+
+def test_the_questionnaires_reading_is_not_an_input_of_a_dialogue_run(raw):
+    """Dialogue runs never ask the questionnaire: its reading must not stop them from resuming."""
+    from agents.converse.run import run_inputs
+
+    data = f"data={raw / 'recllmsim'}"
+    assert run_inputs(config(data)) == run_inputs(config(data, "questionnaire_read=json"))
+    assert run_inputs(config(data)) != run_inputs(config(data, "transcript_turns=3"))

@@ -65,7 +65,7 @@ def run_inputs(config) -> dict:
         for key in ("base_url", "api_key_env", *EXECUTION_FIELDS):
             settings[section].pop(key, None)
     crs_llm, crs_text = settings.pop("crs_llm"), settings.pop("crs_text")
-    for key in ("crs", "plugins"):
+    for key in ("crs", "plugins", "questionnaire_read"):  # the questionnaire is asked in replays only
         settings.pop(key)
     data = Path(config.data)
     files = sorted(p for p in data.rglob("*") if p.is_file())

@@ -123,6 +123,9 @@ class Questionnaire:
 
     answer: dict[str, float] | None
     shown: Shown
+    # where the answer came from: "json" (written), or what the items' probabilities came from
+    # ("logprobs"; "samples" where the backend gives none; several joined by "+")
+    read_from: str
 
 
 def decoding(config) -> dict:
@@ -612,10 +615,13 @@ class UserSimulator:
         texts = [text for text, _ in shown]
         if self.config.questionnaire_read == "json":
             answers = self.questionnaire_json(conversations, texts)
+            sources = ["json"] * len(answers)
         else:
-            answers = self.questionnaire_probs(conversations, texts)
+            answers, sources = self.questionnaire_probs(conversations, texts)
         self.counts["fallback:questionnaire"] += sum(a is None for a in answers)
-        return [Questionnaire(a, s) for a, (_, s) in zip(answers, shown, strict=True)]
+        return [
+            Questionnaire(a, s, source) for a, (_, s), source in zip(answers, shown, sources, strict=True)
+        ]
 
     def questionnaire_json(self, conversations: list[dict], texts: list[str]) -> list[dict | None]:
         """All four items in one JSON object (one option per item), at the judgement's temperature."""
@@ -648,13 +654,17 @@ class UserSimulator:
                 )
         return out
 
-    def questionnaire_probs(self, conversations: list[dict], texts: list[str]) -> list[dict | None]:
+    def questionnaire_probs(
+        self, conversations: list[dict], texts: list[str]
+    ) -> tuple[list[dict | None], list[str]]:
         """Each item asked on its own, its options numbered by their place on its scale, and read from
-        the model's probabilities over those digits (expected or greedy): no sampling, and no score
-        decided by a first token written before the rest."""
+        the model's probabilities over those digits (expected or greedy): no score decided by a first
+        token written before the rest. Returns the answers and where each one's probabilities came from
+        (a backend without log-probabilities samples them: agents.llm.option_probs)."""
         from data_prep.prompt import QUESTIONNAIRE_ITEMS, converse_questionnaire_item_prompt
 
         out: list[dict | None] = [{} for _ in conversations]
+        sources: list[set[str]] = [set() for _ in conversations]
         seed = int(self.rng.integers(2**31 - 1))
         for name, (_, options) in QUESTIONNAIRE_ITEMS.items():
             digits = [str(v) for v in sorted(options.values())]
@@ -672,12 +682,13 @@ class UserSimulator:
             count_usage(answers, self.counts)
             self.counts.update(f"questionnaire_probs_from:{a.probs_from}" for a in answers)
             for k, answer in enumerate(answers):
+                sources[k].add(answer.probs_from or "unknown")
                 value = read_choice(answer, self.config.questionnaire_read)
                 if out[k] is not None and value is None:
                     out[k] = None  # an item that could not be read: the whole questionnaire is a fallback
                 elif out[k] is not None:
                     out[k][name] = value
-        return out
+        return out, ["+".join(sorted(x)) for x in sources]
 
     def replay(self, conversations: list[dict]) -> list[list[dict | None]]:
         """conversations: {"about": persona text, "task", "turns": [(role, text)]}. Every assistant turn

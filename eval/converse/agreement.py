@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from agents.stats import holm_rows
-from data_prep import recllmsim
+from data_prep import fingerprint, recllmsim
 from eval.converse.replay import QUESTIONNAIRE, bootstrap_p, holm, item_agreement, shown_summary
 
 
@@ -27,7 +27,7 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
         for c in recllmsim.load(data).conversations
         if c.source == "human"
     }
-    answered, shown = [], []
+    answered, shown, reads = [], [], []
     for run in runs:
         if not (run / "questionnaire_answers.jsonl").exists():
             raise SystemExit(
@@ -36,6 +36,8 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
         lines = [row for _, row in valid_lines(run / "questionnaire_answers.jsonl")]
         rows = {row["file"]: row["answer"] for row in lines}
         shown.append(shown_summary([row.get("shown") for row in lines]))
+        # a run from before the reading was recorded wrote one JSON object at the run's temperature
+        reads.append((fingerprint.recorded(run) or {}).get("questionnaire_read", "json, sampled (older run)"))
         unknown = sorted(set(rows) - set(truth))
         if unknown:
             raise ValueError(
@@ -47,6 +49,7 @@ def agreement(runs: list[Path], data: Path, resamples: int = 2000) -> dict:
         "runs": [str(r) for r in runs],
         "answered": [len(a) for a in answered],
         "shown": shown,
+        "read": reads,
         "items": {},
         "differences": {},
     }
@@ -131,16 +134,17 @@ def agreement_table(result: dict) -> str:
             )
     lines += [
         "",
-        "| backbone | conversations | shown whole | share of turns shown (quartiles) | share of tokens shown (quartiles) |",
+        "| backbone | read as | conversations shown whole | share of turns shown (quartiles) | share of tokens shown (quartiles) |",
         "|---|---|---|---|---|",
     ]
 
     def quartiles(v):
         return "not recorded" if v is None else " / ".join(f"{x:.2f}" for x in v)
 
-    for run, s in zip(result["runs"], result["shown"], strict=True):
+    for run, read, s in zip(result["runs"], result["read"], result["shown"], strict=True):
+        whole = f"{s['whole']} of {s['conversations']}" if s["conversations"] else "not recorded"
         lines.append(
-            f"| {run} | {s['conversations']} | {s['whole']} | {quartiles(s['turns_share_quartiles'])} | "
+            f"| {run} | {read} | {whole} | {quartiles(s['turns_share_quartiles'])} | "
             f"{quartiles(s['tokens_share_quartiles'])} |"
         )
     if result["differences"]:

@@ -5,6 +5,7 @@ against RecLLMSim's recorded ones (``replay_check``), and two backbones on the s
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -104,10 +105,11 @@ def questionnaire_answers(
     """The simulator's questionnaire for each conversation, appended to OUT/questionnaire_answers.jsonl
     batch by batch (32 conversations), so a stopped replay resumes where it stopped (a line cut by a
     kill is redone); a rerun with another backbone, adapter, transcript budget, reading, seed or sample
-    refuses to resume (OUT/fingerprint.json names what changed). Answers read from probabilities, or
-    written at temperature 0, are the same resumed or not. Returns the answers and, per conversation,
-    what the prompts showed of it (agents.converse.simulator.Shown as a dict; None in a file written
-    before it was recorded)."""
+    refuses to resume (OUT/fingerprint.json names what changed). Answers read from log-probabilities, or
+    written at temperature 0, are the same resumed or not (sampled ones, where a backend gives no
+    log-probabilities, are not). Returns the answers and each conversation's row: its answer, what the
+    prompts showed of it (``shown``, agents.converse.simulator.Shown as a dict) and where the answer
+    came from (``read_from``); a file written before these were recorded lacks both."""
     from dataclasses import asdict
 
     from agents.llm import EXECUTION_FIELDS
@@ -132,7 +134,7 @@ def questionnaire_answers(
         path.unlink(missing_ok=True)
     fingerprint.record(out, inputs)
     drop_cut_line(path)  # a line cut off by a kill: redone
-    done = {row["file"]: (row["answer"], row.get("shown")) for _, row in valid_lines(path)}
+    done = {row["file"]: row for _, row in valid_lines(path)}
     todo = [k for k, c in enumerate(convs) if c.file not in done]
     if done:
         print(f"resuming: {len(done)} questionnaires answered, {len(todo)} to go")
@@ -140,11 +142,16 @@ def questionnaire_answers(
         for start in tqdm(range(0, len(todo), 32), desc="questionnaires", unit=" x32"):
             chunk = todo[start : start + 32]
             for k, q in zip(chunk, simulator.questionnaire([recorded[k] for k in chunk]), strict=True):
-                row = {"file": convs[k].file, "answer": q.answer, "shown": asdict(q.shown)}
+                row = {
+                    "file": convs[k].file,
+                    "answer": q.answer,
+                    "shown": asdict(q.shown),
+                    "read_from": q.read_from,
+                }
                 sink.write(json.dumps(row, ensure_ascii=False) + "\n")
-                done[convs[k].file] = (q.answer, row["shown"])
+                done[convs[k].file] = row
             sink.flush()
-    return [done[c.file][0] for c in convs], [done[c.file][1] for c in convs]
+    return [done[c.file]["answer"] for c in convs], [done[c.file] for c in convs]
 
 
 def shown_summary(shown: list[dict | None]) -> dict:
@@ -181,7 +188,7 @@ def replay_check(
     ones, clustered by persona. ``limit``: the first N conversations of a seeded shuffle. For the real
     people the simulator also fills their questionnaire; ``turn_ratings=False`` does only that (one
     prompt per conversation instead of one per assistant turn as well)."""
-    from agents.converse.simulator import UserSimulator
+    from agents.converse.simulator import UserSimulator, decoding
     from data_prep.converse_pairs import profile_text
 
     loaded = recllmsim.load(data)
@@ -240,10 +247,12 @@ def replay_check(
             )
     holm(results["correlations"])
     if source == "human":  # the same questionnaire the people filled, answered by the simulator
-        answers, shown = questionnaire_answers(simulator, convs, recorded, out, config, limit)
+        answers, rows = questionnaire_answers(simulator, convs, recorded, out, config, limit)
         results["unusable_questionnaires"] = sum(a is None for a in answers)
         results["questionnaire_read"] = config.questionnaire_read
-        results["shown"] = shown_summary(shown)
+        results["questionnaire_read_from"] = dict(Counter(row.get("read_from", "unrecorded") for row in rows))
+        results["decoding"] = {k: v for k, v in decoding(config).items() if k.startswith("questionnaire")}
+        results["shown"] = shown_summary([row.get("shown") for row in rows])
         results["questionnaire"] = {}
         for name in QUESTIONNAIRE:
             keep = [i for i, a in enumerate(answers) if a is not None and not np.isnan(truth[name][i])]
