@@ -196,15 +196,19 @@ def converse_questionnaire_prompt(about: str, task: str, transcript: str) -> str
     )
 
 
-def converse_questionnaire_item_prompt(about: str, task: str, transcript: str, name: str) -> str:
-    """One item of the questionnaire, its options numbered by their place on the item's scale: the answer
-    is one digit, read from the model's probabilities (``questionnaire_read: expected`` or ``greedy``)."""
-    question, options = QUESTIONNAIRE_ITEMS[name]
-    listing = "\n".join(f"{value}: {text}" for text, value in sorted(options.items(), key=lambda o: o[1]))
+def converse_questionnaire_digits_prompt(about: str, task: str, transcript: str) -> str:
+    """The whole questionnaire, each item's options numbered by their place on the item's scale; the
+    answer is one line per item ("Detail: 2"), each item's digit read from the model's probabilities
+    (the simulator's ``questionnaire_read: expected`` or ``greedy``)."""
+    items = "\n".join(
+        f"{name}: {question} "
+        + ", ".join(f"{value}: {text}" for text, value in sorted(options.items(), key=lambda o: o[1]))
+        for name, (question, options) in QUESTIONNAIRE_ITEMS.items()
+    )
     return (
         f"{about}\nYour task: {task}\nYour conversation with the assistant:\n{transcript}\n"
-        f"Answer one question about the assistant, as yourself.\n{question}\n{listing}\n"
-        "Answer with the number of your choice."
+        "Now fill in the questionnaire about the assistant, as yourself. Answer each item with the number "
+        f"of your choice, one line each (item: number):\n{items}"
     )
 
 

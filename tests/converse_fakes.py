@@ -40,16 +40,17 @@ class Scripted:
         return [Answer(text, constrained=constraint is not None) for text in out]
 
     def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
-        """A score asked after the judgement: all probability on the scripted rating's value. A
-        questionnaire item: all on its first option."""
+        """A score asked after the judgement: all probability on the scripted rating's value. The
+        questionnaire's item lines ("Detail: 0", ...): each item's probability on its lowest option."""
         from agents.converse.simulator import SCORES
 
         out = []
         for conversation in conversations:
-            if "Answer one question about the assistant" in conversation[-1]["content"]:
-                self.kinds.append("questionnaire_item")
-                probs = {o: float(o == options[0]) for o in options}
-                out.append(Answer(options[0], probs=probs, expected=float(options[0]), probs_from="logprobs"))
+            if "Now fill in the questionnaire" in conversation[-1]["content"]:
+                self.kinds.append("questionnaire")
+                lowest = [o for o in options if o.endswith(": 0")]
+                probs = {o: float(o in lowest) / len(lowest) for o in options}
+                out.append(Answer(lowest[0], probs=probs, probs_from="logprobs"))
                 continue
             key = next(k for k, q in SCORES.items() if q in conversation[-1]["content"])
             self.kinds.append(f"score:{key}")

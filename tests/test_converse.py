@@ -725,23 +725,30 @@ def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(ra
             return json.dumps(out)
 
         def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
-            """One item per prompt: its options numbered by their place on the item's scale."""
+            """Every item's lines ("Detail: 0", ...): a quarter of the probability on each item's real
+            answer (its opposite when flipped)."""
+            assert options == [
+                f"{n}: {v}" for n, (_, o) in QUESTIONNAIRE_ITEMS.items() for v in sorted(o.values())
+            ]
             out = []
             for conversation in conversations:
                 text = conversation[-1]["content"]
-                name = next(n for n, (q, _) in QUESTIONNAIRE_ITEMS.items() if q in text)
-                scale = QUESTIONNAIRE_ITEMS[name][1]
-                assert options == [str(v) for v in sorted(scale.values())]
-                assert all(f"{v}: {o}" in text for o, v in scale.items())
+                assert all(
+                    f"{v}: {o}" in text
+                    for _, (_, scale) in QUESTIONNAIRE_ITEMS.items()
+                    for o, v in scale.items()
+                )
                 lines = [line for line in text.splitlines() if line.startswith("Assistant: ")]
                 real = answers.get(key(lines[-1].removeprefix("Assistant: "))) if lines else None
                 if real is None:
                     out.append(Answer("", probs=None, probs_from="unavailable"))
                     continue
-                level = QUESTIONNAIRE[name][real[name]]
-                level = len(options) - 1 - level if self.flip else level
-                probs = {o: float(int(o) == level) for o in options}
-                out.append(Answer(str(level), probs=probs, expected=float(level), probs_from="logprobs"))
+                chosen = set()
+                for name, (_, scale) in QUESTIONNAIRE_ITEMS.items():
+                    level = QUESTIONNAIRE[name][real[name]]
+                    chosen.add(f"{name}: {len(scale) - 1 - level if self.flip else level}")
+                probs = {o: 0.25 if o in chosen else 0.0 for o in options}
+                out.append(Answer(min(chosen), probs=probs, probs_from="logprobs"))
             return out
 
     settings = config("rating.read=json", f"questionnaire_read={read}")
@@ -770,14 +777,14 @@ class Words:
 
 
 def test_the_questionnaire_is_read_from_probabilities_item_by_item_and_says_what_it_showed():
-    """Each item is asked alone and read as the expected place over its numbered options (greedy: the
-    most likely one); the JSON reading writes at the judgement's temperature (0), not the run's 0.7; an
-    item without probabilities makes the whole answer unusable (counted); and each answer says how
-    much of its conversation the prompt showed."""
+    """Each item is read as the expected place over its numbered options after the answer's beginning
+    "{item}: " (greedy: the most likely one), its lines normalised among themselves; the JSON reading
+    writes at the judgement's temperature (0), not the run's 0.7; an answer without probabilities is
+    unusable (counted); and each answer says how much of its conversation the prompt showed."""
     from data_prep.prompt import QUESTIONNAIRE_ITEMS
 
     class Split(Scripted):
-        """Half the probability on the lowest option and half on the highest; none for one person."""
+        """Each item's probability split between its lowest and highest line; none for one person."""
 
         def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
             out = []
@@ -785,10 +792,11 @@ def test_the_questionnaire_is_read_from_probabilities_item_by_item_and_says_what
                 if "Nobody" in conversation[-1]["content"]:
                     out.append(Answer("", probs=None, probs_from="unavailable"))
                     continue
-                probs = {o: 0.5 if o in (options[0], options[-1]) else 0.0 for o in options}
-                out.append(
-                    Answer(options[0], probs=probs, expected=float(options[-1]) / 2, probs_from="logprobs")
-                )
+                ends = set()  # each item's lowest and highest line
+                for name, (_, scale) in QUESTIONNAIRE_ITEMS.items():
+                    ends |= {f"{name}: 0", f"{name}: {len(scale) - 1}"}
+                probs = {o: 0.125 if o in ends else 0.0 for o in options}
+                out.append(Answer(options[0], probs=probs, probs_from="logprobs"))
             return out
 
         def generate(self, conversations, sampling, constraint=None):
@@ -804,7 +812,7 @@ def test_the_questionnaire_is_read_from_probabilities_item_by_item_and_says_what
     answers = expected.questionnaire(people)
     assert answers[0].answer == {name: (len(o) - 1) / 2 for name, (_, o) in QUESTIONNAIRE_ITEMS.items()}
     assert answers[1].answer is None and expected.counts["fallback:questionnaire"] == 1
-    assert expected.counts["llm_calls:questionnaire_item"] == 2 * len(QUESTIONNAIRE_ITEMS)
+    assert expected.counts["llm_calls:questionnaire"] == 2  # one call per conversation, every item in it
     assert (answers[0].shown.turns, answers[0].shown.of_turns, answers[0].shown.whole) == (6, 10, False)
     assert answers[1].shown.whole and answers[1].shown.tokens is None  # no tokenizer: tokens unmeasured
     greedy = UserSimulator(config("questionnaire_read=greedy"), Split(), np.random.default_rng(0))
@@ -820,11 +828,14 @@ def test_the_questionnaire_is_read_from_probabilities_item_by_item_and_says_what
 
     assert answers[0].read_from == "logprobs"
 
-    class NoProbs(Scripted):  # a server without log-probabilities: each item sampled (8 answers), labelled
+    class NoProbs(Scripted):  # a server without log-probabilities: 8 sampled lines, all "Memorization: 0"
         option_probs = None
 
-    sampled = UserSimulator(config(), NoProbs(), np.random.default_rng(0)).questionnaire(people[:1])[0]
-    assert sampled.read_from == "samples" and sampled.answer == {name: 0.0 for name in QUESTIONNAIRE_ITEMS}
+    sampling = UserSimulator(config(), NoProbs(), np.random.default_rng(0))
+    sampled = sampling.questionnaire(people[:1])[0]
+    # labelled, and unusable: the samples answered no other item (counted, not read as zeros)
+    assert sampled.read_from == "samples" and sampled.answer is None
+    assert sampling.counts["fallback:questionnaire"] == 1
 
     written = Split()
     json_read = UserSimulator(

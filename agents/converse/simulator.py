@@ -657,38 +657,53 @@ class UserSimulator:
     def questionnaire_probs(
         self, conversations: list[dict], texts: list[str]
     ) -> tuple[list[dict | None], list[str]]:
-        """Each item asked on its own, its options numbered by their place on its scale, and read from
-        the model's probabilities over those digits (expected or greedy): no score decided by a first
-        token written before the rest. Returns the answers and where each one's probabilities came from
-        (a backend without log-probabilities samples them: agents.llm.option_probs)."""
-        from data_prep.prompt import QUESTIONNAIRE_ITEMS, converse_questionnaire_item_prompt
+        """The questionnaire with each item's options numbered by their place on its scale, and each
+        item read from the model's probabilities over its digits after the answer's beginning
+        "{item}: " (expected or greedy): no digit decided by a first token written before the rest.
+        One call per conversation scores every item's lines ("Detail: 0", "Detail: 1", ...; one prompt
+        pass with an ``hf`` backend); each item's lines are then normalised among themselves, which
+        leaves the probability of each digit after "{item}: ". Returns the answers and where each one's
+        probabilities came from (a backend without log-probabilities samples them: agents.llm.option_probs;
+        an item none of the samples answered is unusable)."""
+        from data_prep.prompt import QUESTIONNAIRE_ITEMS, converse_questionnaire_digits_prompt
 
-        out: list[dict | None] = [{} for _ in conversations]
-        sources: list[set[str]] = [set() for _ in conversations]
-        seed = int(self.rng.integers(2**31 - 1))
-        for name, (_, options) in QUESTIONNAIRE_ITEMS.items():
-            digits = [str(v) for v in sorted(options.values())]
-            chats = [
-                [
-                    {
-                        "role": "user",
-                        "content": converse_questionnaire_item_prompt(c["about"], c["task"], t, name),
-                    }
-                ]
-                for c, t in zip(conversations, texts, strict=True)
-            ]
-            answers = option_probs(self.backend, chats, digits, seed=seed)
-            self.counts["llm_calls:questionnaire_item"] += len(chats)
-            count_usage(answers, self.counts)
-            self.counts.update(f"questionnaire_probs_from:{a.probs_from}" for a in answers)
-            for k, answer in enumerate(answers):
-                sources[k].add(answer.probs_from or "unknown")
-                value = read_choice(answer, self.config.questionnaire_read)
-                if out[k] is not None and value is None:
-                    out[k] = None  # an item that could not be read: the whole questionnaire is a fallback
-                elif out[k] is not None:
-                    out[k][name] = value
-        return out, ["+".join(sorted(x)) for x in sources]
+        lines = {
+            name: [f"{name}: {v}" for v in sorted(options.values())]
+            for name, (_, options) in QUESTIONNAIRE_ITEMS.items()
+        }
+        chats = [
+            [{"role": "user", "content": converse_questionnaire_digits_prompt(c["about"], c["task"], t)}]
+            for c, t in zip(conversations, texts, strict=True)
+        ]
+        # shortest first: prompts batched with others of their length carry less padding
+        order = sorted(range(len(chats)), key=lambda k: len(chats[k][0]["content"]))
+        scored = option_probs(
+            self.backend,
+            [chats[k] for k in order],
+            [line for item in lines.values() for line in item],
+            seed=int(self.rng.integers(2**31 - 1)),
+        )
+        answers: list = [None] * len(chats)
+        for k, answer in zip(order, scored, strict=True):
+            answers[k] = answer
+        self.counts["llm_calls:questionnaire"] += len(chats)
+        count_usage(answers, self.counts)
+        self.counts.update(f"questionnaire_probs_from:{a.probs_from}" for a in answers)
+        out: list[dict | None] = []
+        for answer in answers:
+            values = {}
+            for name, item in lines.items():
+                mass = [answer.probs[line] for line in item] if answer.probs is not None else [0.0]
+                if sum(mass) <= 0:  # no probabilities, or no sampled answer for this item: unusable
+                    values = None
+                    break
+                shares = [m / sum(mass) for m in mass]
+                if self.config.questionnaire_read == "expected":
+                    values[name] = sum(v * q for v, q in enumerate(shares))
+                else:  # the most likely digit, ties to the lower
+                    values[name] = float(max(range(len(shares)), key=lambda v: (shares[v], -v)))
+            out.append(values)
+        return out, [a.probs_from or "unknown" for a in answers]
 
     def replay(self, conversations: list[dict]) -> list[list[dict | None]]:
         """conversations: {"about": persona text, "task", "turns": [(role, text)]}. Every assistant turn
