@@ -46,11 +46,10 @@ class Scripted:
 
         out = []
         for conversation in conversations:
-            if "Now fill in the questionnaire" in conversation[-1]["content"]:
-                self.kinds.append("questionnaire")
-                lowest = [o for o in options if o.endswith(": 0")]
-                probs = {o: float(o in lowest) / len(lowest) for o in options}
-                out.append(Answer(lowest[0], probs=probs, probs_from="logprobs"))
+            if "Now fill in the questionnaire" in conversation[-1]["content"]:  # one item, after its prefix
+                self.kinds.append(f"questionnaire:{prefix}")
+                probs = {o: float(o == "0") for o in options}
+                out.append(Answer("0", probs=probs, expected=0.0, probs_from="logprobs"))
                 continue
             key = next(k for k, q in SCORES.items() if q in conversation[-1]["content"])
             self.kinds.append(f"score:{key}")

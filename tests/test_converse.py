@@ -724,6 +724,9 @@ def test_the_simulator_fills_the_peoples_questionnaire_and_is_scored_per_item(ra
                 out[name] = order[len(order) - 1 - order.index(value)] if self.flip else value
             return json.dumps(out)
 
+        def score(self, *args, **kwargs):  # as hf: every item's lines scored in one call (option_probs)
+            raise AssertionError("the simulator calls option_probs, not score")
+
         def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
             """Every item's lines ("Detail: 0", ...): a quarter of the probability on each item's real
             answer (its opposite when flipped)."""
@@ -786,6 +789,9 @@ def test_the_questionnaire_is_read_from_probabilities_item_by_item_and_says_what
     class Split(Scripted):
         """Each item's probability split between its lowest and highest line; none for one person."""
 
+        def score(self, *args, **kwargs):  # as hf: every item's lines scored in one call (option_probs)
+            raise AssertionError("the simulator calls option_probs, not score")
+
         def option_probs(self, conversations, options, samples=8, seed=0, prefix=""):
             out = []
             for conversation in conversations:
@@ -828,14 +834,20 @@ def test_the_questionnaire_is_read_from_probabilities_item_by_item_and_says_what
 
     assert answers[0].read_from == "logprobs"
 
-    class NoProbs(Scripted):  # a server without log-probabilities: 8 sampled lines, all "Memorization: 0"
+    # a backend that scores no lines reads each item's digit after "{item}: " (four calls)
+    per_item = Scripted()
+    read = UserSimulator(config(), per_item, np.random.default_rng(0)).questionnaire(people[:1])[0]
+    assert read.answer == {name: 0.0 for name in QUESTIONNAIRE_ITEMS} and read.read_from == "logprobs"
+    assert per_item.kinds == [f"questionnaire:{name}: " for name in QUESTIONNAIRE_ITEMS]
+
+    class NoProbs(Scripted):  # a server that gives no log-probabilities and cannot continue an answer
         option_probs = None
 
-    sampling = UserSimulator(config(), NoProbs(), np.random.default_rng(0))
-    sampled = sampling.questionnaire(people[:1])[0]
-    # labelled, and unusable: the samples answered no other item (counted, not read as zeros)
-    assert sampled.read_from == "samples" and sampled.answer is None
-    assert sampling.counts["fallback:questionnaire"] == 1
+    unread = UserSimulator(config(), NoProbs(), np.random.default_rng(0))
+    answer = unread.questionnaire(people[:1])[0]
+    # labelled, and unusable (counted, not read as zeros): questionnaire_read=json serves such a backend
+    assert answer.read_from == "unavailable" and answer.answer is None
+    assert unread.counts["fallback:questionnaire"] == 1
 
     written = Split()
     json_read = UserSimulator(

@@ -171,8 +171,9 @@ class ConverseConfig:
     )  # ... and a rating's JSON (a cut one is an unusable rating, counted)
     # how the people's questionnaire (eval.converse --replay human) is answered: expected (each item's
     # expected place on its scale, from the model's probabilities over the item's numbered options) or
-    # greedy (the most likely option), one prompt per item; or json (all four items in one JSON object,
-    # written at rating.temperature)
+    # greedy (the most likely option), each read after the answer's beginning "{item}: "; or json (all
+    # four items in one JSON object, written at rating.temperature: for a backend that cannot continue an
+    # answer, such as openai without decoding_fields: vllm)
     questionnaire_read: str = Field("expected", pattern="^(json|greedy|expected)$")
     priors: PriorsConfig = field(default_factory=PriorsConfig)
     rating: RatingConfig = field(default_factory=RatingConfig)

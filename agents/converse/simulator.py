@@ -238,8 +238,9 @@ class UserSimulator:
         turns_left_out; transcripts_unmeasured without a tokenizer)."""
         return self.shown_transcript(dialogue)[0]
 
-    def shown_transcript(self, dialogue: list[tuple[str, str]]) -> tuple[str, Shown]:
-        """``transcript`` with how much of the dialogue it shows (Shown)."""
+    def shown_transcript(self, dialogue: list[tuple[str, str]], measure: bool = False) -> tuple[str, Shown]:
+        """``transcript`` with how much of the dialogue it shows (Shown; its tokens only when ``measure``:
+        the whole dialogue is tokenised for it)."""
         text, cut, left_out = converse_transcript(
             dialogue, self.config.transcript_turns, self.config.transcript_tokens, self.tokenizer
         )
@@ -247,7 +248,7 @@ class UserSimulator:
         self.counts["turns_left_out"] += left_out
         self.counts["transcripts_unmeasured"] += self.tokenizer is None and bool(dialogue)
         tokens = of_tokens = None
-        if self.tokenizer is not None:
+        if measure and self.tokenizer is not None:
             whole = converse_transcript(dialogue, len(dialogue), 0)[0]  # every turn, whole
             tokens, of_tokens = (
                 len(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in (text, whole)
@@ -611,7 +612,7 @@ class UserSimulator:
         for the real people (data_prep.prompt.QUESTIONNAIRE_ITEMS), each item as its place on the item's
         ordinal scale, read as ``questionnaire_read`` says; with what the prompts showed of it. An
         unusable answer is None (counted: fallback:questionnaire)."""
-        shown = [self.shown_transcript(c["turns"]) for c in conversations]
+        shown = [self.shown_transcript(c["turns"], measure=True) for c in conversations]
         texts = [text for text, _ in shown]
         if self.config.questionnaire_read == "json":
             answers = self.questionnaire_json(conversations, texts)
@@ -660,11 +661,12 @@ class UserSimulator:
         """The questionnaire with each item's options numbered by their place on its scale, and each
         item read from the model's probabilities over its digits after the answer's beginning
         "{item}: " (expected or greedy): no digit decided by a first token written before the rest.
-        One call per conversation scores every item's lines ("Detail: 0", "Detail: 1", ...; one prompt
-        pass with an ``hf`` backend); each item's lines are then normalised among themselves, which
-        leaves the probability of each digit after "{item}: ". Returns the answers and where each one's
-        probabilities came from (a backend without log-probabilities samples them: agents.llm.option_probs;
-        an item none of the samples answered is unusable)."""
+        An ``hf`` backend scores every item's lines ("Detail: 0", "Detail: 1", ...) in one prompt pass;
+        each item's lines are then normalised among themselves, which leaves the probability of each
+        digit after "{item}: ". Other backends read each item's digit after the answer's beginning
+        "{item}: " (four calls; a backend that cannot continue an answer gives none, and the answer is
+        unusable, counted: use ``questionnaire_read: json`` there). Returns the answers and where each
+        one's probabilities came from."""
         from data_prep.prompt import QUESTIONNAIRE_ITEMS, converse_questionnaire_digits_prompt
 
         lines = {
@@ -677,23 +679,28 @@ class UserSimulator:
         ]
         # shortest first: prompts batched with others of their length carry less padding
         order = sorted(range(len(chats)), key=lambda k: len(chats[k][0]["content"]))
-        scored = option_probs(
-            self.backend,
-            [chats[k] for k in order],
-            [line for item in lines.values() for line in item],
-            seed=int(self.rng.integers(2**31 - 1)),
-        )
-        answers: list = [None] * len(chats)
-        for k, answer in zip(order, scored, strict=True):
-            answers[k] = answer
-        self.counts["llm_calls:questionnaire"] += len(chats)
-        count_usage(answers, self.counts)
-        self.counts.update(f"questionnaire_probs_from:{a.probs_from}" for a in answers)
+        seed = int(self.rng.integers(2**31 - 1))
+        if hasattr(self.backend, "score"):  # hf: one prompt pass scores every item's lines
+            calls = {None: [line for item in lines.values() for line in item]}
+        else:  # each item's digit after its beginning: one-token options (vllm; openai with vllm fields)
+            calls = {name: [str(v) for v in range(len(item))] for name, item in lines.items()}
+        probs: list[dict] = [{} for _ in chats]  # item line -> probability
+        sources: list[set[str]] = [set() for _ in chats]
+        for name, options in calls.items():
+            prefix = "" if name is None else f"{name}: "
+            scored = option_probs(self.backend, [chats[k] for k in order], options, seed=seed, prefix=prefix)
+            self.counts["llm_calls:questionnaire"] += len(chats)
+            count_usage(scored, self.counts)
+            for k, answer in zip(order, scored, strict=True):
+                sources[k].add(answer.probs_from or "unknown")
+                self.counts[f"questionnaire_probs_from:{answer.probs_from}"] += 1
+                for option, p in (answer.probs or {}).items():
+                    probs[k][option if name is None else f"{name}: {option}"] = p
         out: list[dict | None] = []
-        for answer in answers:
+        for k in range(len(chats)):
             values = {}
             for name, item in lines.items():
-                mass = [answer.probs[line] for line in item] if answer.probs is not None else [0.0]
+                mass = [probs[k].get(line, 0.0) for line in item]
                 if sum(mass) <= 0:  # no probabilities, or no sampled answer for this item: unusable
                     values = None
                     break
@@ -703,7 +710,7 @@ class UserSimulator:
                 else:  # the most likely digit, ties to the lower
                     values[name] = float(max(range(len(shares)), key=lambda v: (shares[v], -v)))
             out.append(values)
-        return out, [a.probs_from or "unknown" for a in answers]
+        return out, ["+".join(sorted(x)) for x in sources]
 
     def replay(self, conversations: list[dict]) -> list[list[dict | None]]:
         """conversations: {"about": persona text, "task", "turns": [(role, text)]}. Every assistant turn
