@@ -41,7 +41,7 @@ import numpy as np
 from tqdm import tqdm
 
 from agents.converse import goals
-from agents.llm import Constraint, Sampling, count_usage, option_probs, read_choice
+from agents.llm import Constraint, Sampling, choice_answer, count_usage, option_probs, read_choice
 from data_prep.prompt import (  # noqa: F401 (the vocabulary, importable from here too)
     ACTION_INTENT,
     ACTION_TEXT,
@@ -704,11 +704,9 @@ class UserSimulator:
                 if sum(mass) <= 0:  # no probabilities, or no sampled answer for this item: unusable
                     values = None
                     break
-                shares = [m / sum(mass) for m in mass]
-                if self.config.questionnaire_read == "expected":
-                    values[name] = sum(v * q for v, q in enumerate(shares))
-                else:  # the most likely digit, ties to the lower
-                    values[name] = float(max(range(len(shares)), key=lambda v: (shares[v], -v)))
+                digits = [str(v) for v in range(len(item))]
+                choice = choice_answer(digits, [m / sum(mass) for m in mass], "logprobs")
+                values[name] = read_choice(choice, self.config.questionnaire_read)
             out.append(values)
         return out, ["+".join(sorted(x)) for x in sources]
 

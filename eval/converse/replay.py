@@ -157,6 +157,8 @@ def questionnaire_answers(
 def shown_summary(shown: list[dict | None]) -> dict:
     """How much of the conversations the questionnaire's prompts showed: how many whole (every turn, none
     cut), and the quartiles of the share of turns and of tokens shown (tokens: where measured)."""
+    from agents.converse.simulator import Shown
+
     rows = [s for s in shown if s]
     turns = [s["turns"] / s["of_turns"] for s in rows if s["of_turns"]]
     tokens = [s["tokens"] / s["of_tokens"] for s in rows if s.get("tokens") is not None and s["of_tokens"]]
@@ -166,7 +168,7 @@ def shown_summary(shown: list[dict | None]) -> dict:
 
     return {
         "conversations": len(rows),
-        "whole": sum(s["turns"] == s["of_turns"] and not s["cut"] for s in rows),
+        "whole": sum(Shown(**s).whole for s in rows),
         "turns_share_quartiles": quartiles(turns),
         "tokens_share_quartiles": quartiles(tokens),
         "unrecorded": len(shown) - len(rows),
