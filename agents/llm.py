@@ -1094,6 +1094,12 @@ class OpenAIBackend:
         refuse_missing_controls(self, sampling)
         return self.parallel(lambda k, c, i: self._one(k, c, sampling, constraint, i), conversations)
 
+    @property
+    def continues_answers(self) -> bool:
+        """Whether a choice can be read after an answer's given beginning: only vLLM's server continues
+        an answer (``decoding_fields: vllm``)."""
+        return self.fields == "vllm"
+
     def one_token_options(self, options: list[str]) -> bool:
         """Whether every option is one token, so the first answer token's top_logprobs can read it: by
         the configured tokenizer, else (not knowing the server's) only single characters."""

@@ -1105,6 +1105,75 @@ def test_the_replay_runs_on_an_openai_compatible_server(raw, tmp_path, monkeypat
     assert len(means) == 2 and all(m["language_quality"] == pytest.approx(expected) for m in means)
 
 
+def test_the_peoples_questionnaire_replays_on_an_openai_compatible_server(raw, tmp_path, monkeypatch):
+    """--replay human --questionnaire-only with llm.backend=openai against a stand-in server on loopback.
+    A vLLM server (decoding_fields=vllm) continues each item's beginning "{item}: " and its digit is read
+    from top_logprobs; a standard server is refused before any request unless questionnaire_read=json,
+    which reads the items from one schema answer."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from openai_fakes import ChatHandler, chat_completion
+
+    from data_prep.prompt import QUESTIONNAIRE_ITEMS
+    from eval.converse import replay_check
+
+    asked = []
+
+    class Served(ChatHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.body()
+            asked.append(body)
+            reply = chat_completion(body["model"], "")
+            choice = reply["choices"][0]
+            if body.get("logprobs"):  # an item's digit: "1" most likely, "0" next
+                top = [
+                    {"token": "1", "logprob": -0.2, "bytes": None},
+                    {"token": "0", "logprob": -1.8, "bytes": None},
+                ]
+                choice["message"]["content"] = "1"
+                choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
+            else:  # the JSON questionnaire: each item's first option
+                schema = body["response_format"]["json_schema"]["schema"]["properties"]
+                choice["message"]["content"] = json.dumps({k: v["enum"][0] for k, v in schema.items()})
+            self.send_json(reply)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Served)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("REPLAY_KEY", "sk-replay")
+    url = f"llm.base_url=http://127.0.0.1:{server.server_port}/v1"
+
+    def replay(out, *settings):
+        served = config(
+            "llm.backend=openai", url, "llm.model=stronger", "llm.api_key_env=REPLAY_KEY", *settings
+        )
+        return replay_check(raw / "recllmsim", served, tmp_path / out, "human", 2, turn_ratings=False)
+
+    try:
+        with pytest.raises(ValueError, match="decoding_fields=vllm"):
+            replay("standard")
+        assert asked == []  # refused before any request
+        vllm = replay("vllm", "llm.decoding_fields=vllm")
+        continued = list(asked)
+        asked.clear()
+        by_json = replay("json", "questionnaire_read=json")
+    finally:
+        server.shutdown()
+    assert vllm["unusable_questionnaires"] == 0 and vllm["questionnaire_read_from"] == {"top_logprobs": 2}
+    assert len(continued) == 2 * len(QUESTIONNAIRE_ITEMS)  # one call per item and conversation
+    beginnings = {(b["messages"][-1]["role"], b["messages"][-1]["content"]) for b in continued}
+    assert beginnings == {("assistant", f"{name}: ") for name in QUESTIONNAIRE_ITEMS}
+    assert all(b["continue_final_message"] and not b["add_generation_prompt"] for b in continued)
+    expected = math.exp(-0.2) / (math.exp(-0.2) + math.exp(-1.8))  # digit 1 against digit 0
+    rows = [
+        json.loads(line) for line in (tmp_path / "vllm/questionnaire_answers.jsonl").read_text().splitlines()
+    ]
+    assert len(rows) == 2
+    assert all(r["answer"][name] == pytest.approx(expected) for r in rows for name in QUESTIONNAIRE_ITEMS)
+    assert by_json["unusable_questionnaires"] == 0 and by_json["questionnaire_read_from"] == {"json": 2}
+    assert len(asked) == 2 and all("response_format" in b for b in asked)
+
+
 def test_the_questionnaires_reading_is_not_an_input_of_a_dialogue_run(raw):
     """Dialogue runs never ask the questionnaire: its reading must not stop them from resuming."""
     from agents.converse.run import run_inputs

@@ -202,6 +202,16 @@ def replay_check(
         from agents.llm import load_llm
 
         backend = load_llm(config.llm)
+    if (
+        source == "human"
+        and config.questionnaire_read != "json"
+        and not getattr(backend, "continues_answers", True)
+    ):
+        raise ValueError(  # said before the turn ratings, not after them
+            f"questionnaire_read={config.questionnaire_read} reads each item's digit after the answer's "
+            "beginning, which this server cannot continue: set llm.decoding_fields=vllm for a vLLM "
+            "server, or questionnaire_read=json"
+        )
     simulator = UserSimulator(config, backend, rng)
     recorded = [
         {"about": profile_text(c), "task": c.task_context, "turns": [(t.role, t.content) for t in c.turns]}
