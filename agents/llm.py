@@ -400,6 +400,14 @@ def option_probs(
     return sampled_choices(backend, conversations, options, samples, seed)
 
 
+def continues_answers(backend) -> bool:
+    """Whether ``option_probs`` can read a choice after an answer's given beginning (its ``prefix``): a
+    backend that says so itself (openai: only a vLLM server), else one with its own ``option_probs``
+    (hf, vllm). Elsewhere such a choice is unavailable."""
+    said = getattr(backend, "continues_answers", None)
+    return said if said is not None else getattr(backend, "option_probs", None) is not None
+
+
 def read_choice(answer: Answer, mode: str) -> float | None:
     """A numeric choice as the caller's ``mode`` reads it: ``expected`` the expected value, ``greedy``
     the most likely option; None for an answer without probabilities (its caller's counted fallback)."""

@@ -848,6 +848,9 @@ def test_the_questionnaire_is_read_from_probabilities_item_by_item_and_says_what
     # labelled, and unusable (counted, not read as zeros): questionnaire_read=json serves such a backend
     assert answer.read_from == "unavailable" and answer.answer is None
     assert unread.counts["fallback:questionnaire"] == 1
+    from agents.llm import continues_answers  # so the replay refuses it before it starts
+
+    assert not continues_answers(NoProbs()) and continues_answers(Scripted())
 
     written = Split()
     json_read = UserSimulator(
@@ -1133,9 +1136,11 @@ def test_the_peoples_questionnaire_replays_on_an_openai_compatible_server(raw, t
                 ]
                 choice["message"]["content"] = "1"
                 choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top}]}
-            else:  # the JSON questionnaire: each item's first option
+            else:  # a JSON answer: each item's first option (a judgement's fields, were one asked)
                 schema = body["response_format"]["json_schema"]["schema"]["properties"]
-                choice["message"]["content"] = json.dumps({k: v["enum"][0] for k, v in schema.items()})
+                kinds = {"string": "a reply", "boolean": False, "integer": 3}
+                content = {k: v["enum"][0] if "enum" in v else kinds[v["type"]] for k, v in schema.items()}
+                choice["message"]["content"] = json.dumps(content)
             self.send_json(reply)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Served)
@@ -1143,16 +1148,16 @@ def test_the_peoples_questionnaire_replays_on_an_openai_compatible_server(raw, t
     monkeypatch.setenv("REPLAY_KEY", "sk-replay")
     url = f"llm.base_url=http://127.0.0.1:{server.server_port}/v1"
 
-    def replay(out, *settings):
+    def replay(out, *settings, turns=False):
         served = config(
             "llm.backend=openai", url, "llm.model=stronger", "llm.api_key_env=REPLAY_KEY", *settings
         )
-        return replay_check(raw / "recllmsim", served, tmp_path / out, "human", 2, turn_ratings=False)
+        return replay_check(raw / "recllmsim", served, tmp_path / out, "human", 2, turn_ratings=turns)
 
     try:
         with pytest.raises(ValueError, match="decoding_fields=vllm"):
-            replay("standard")
-        assert asked == []  # refused before any request
+            replay("standard", turns=True)
+        assert asked == []  # refused before the turn ratings' requests, not after them
         vllm = replay("vllm", "llm.decoding_fields=vllm")
         continued = list(asked)
         asked.clear()
@@ -1161,15 +1166,23 @@ def test_the_peoples_questionnaire_replays_on_an_openai_compatible_server(raw, t
         server.shutdown()
     assert vllm["unusable_questionnaires"] == 0 and vllm["questionnaire_read_from"] == {"top_logprobs": 2}
     assert len(continued) == 2 * len(QUESTIONNAIRE_ITEMS)  # one call per item and conversation
-    beginnings = {(b["messages"][-1]["role"], b["messages"][-1]["content"]) for b in continued}
-    assert beginnings == {("assistant", f"{name}: ") for name in QUESTIONNAIRE_ITEMS}
+    beginnings = Counter((b["messages"][-1]["role"], b["messages"][-1]["content"]) for b in continued)
+    assert beginnings == {("assistant", f"{name}: "): 2 for name in QUESTIONNAIRE_ITEMS}
     assert all(b["continue_final_message"] and not b["add_generation_prompt"] for b in continued)
     expected = math.exp(-0.2) / (math.exp(-0.2) + math.exp(-1.8))  # digit 1 against digit 0
-    rows = [
-        json.loads(line) for line in (tmp_path / "vllm/questionnaire_answers.jsonl").read_text().splitlines()
-    ]
-    assert len(rows) == 2
-    assert all(r["answer"][name] == pytest.approx(expected) for r in rows for name in QUESTIONNAIRE_ITEMS)
+    rows = {
+        out: [
+            json.loads(line)
+            for line in (tmp_path / out / "questionnaire_answers.jsonl").read_text().splitlines()
+        ]
+        for out in ("vllm", "json")
+    }
+    assert len(rows["vllm"]) == len(rows["json"]) == 2
+    assert all(
+        r["answer"][name] == pytest.approx(expected) for r in rows["vllm"] for name in QUESTIONNAIRE_ITEMS
+    )
+    first = {name: options[next(iter(options))] for name, (_, options) in QUESTIONNAIRE_ITEMS.items()}
+    assert all(r["answer"] == first for r in rows["json"])  # each item's first option, on its scale
     assert by_json["unusable_questionnaires"] == 0 and by_json["questionnaire_read_from"] == {"json": 2}
     assert len(asked) == 2 and all("response_format" in b for b in asked)
 

@@ -173,7 +173,7 @@ class ConverseConfig:
     # expected place on its scale, from the model's probabilities over the item's numbered options) or
     # greedy (the most likely option), each read after the answer's beginning "{item}: "; or json (all
     # four items in one JSON object, written at rating.temperature: for a backend that cannot continue an
-    # answer, such as openai without decoding_fields: vllm)
+    # answer, such as openai without decoding_fields: vllm, which the replay refuses otherwise)
     questionnaire_read: str = Field("expected", pattern="^(json|greedy|expected)$")
     priors: PriorsConfig = field(default_factory=PriorsConfig)
     rating: RatingConfig = field(default_factory=RatingConfig)

@@ -664,8 +664,9 @@ class UserSimulator:
         An ``hf`` backend scores every item's lines ("Detail: 0", "Detail: 1", ...) in one prompt pass;
         each item's lines are then normalised among themselves, which leaves the probability of each
         digit after "{item}: ". Other backends read each item's digit after the answer's beginning
-        "{item}: " (four calls; a backend that cannot continue an answer gives none, and the answer is
-        unusable, counted: use ``questionnaire_read: json`` there). Returns the answers and where each
+        "{item}: " (four calls). A backend that cannot continue an answer gives none, and the answer is
+        unusable, counted (the replay refuses such a backend before it starts: use
+        ``questionnaire_read: json`` there). Returns the answers and where each
         one's probabilities came from."""
         from data_prep.prompt import QUESTIONNAIRE_ITEMS, converse_questionnaire_digits_prompt
 

@@ -191,6 +191,7 @@ def replay_check(
     people the simulator also fills their questionnaire; ``turn_ratings=False`` does only that (one
     prompt per conversation instead of one per assistant turn as well)."""
     from agents.converse.simulator import UserSimulator, decoding
+    from agents.llm import continues_answers
     from data_prep.converse_pairs import profile_text
 
     loaded = recllmsim.load(data)
@@ -202,11 +203,7 @@ def replay_check(
         from agents.llm import load_llm
 
         backend = load_llm(config.llm)
-    if (
-        source == "human"
-        and config.questionnaire_read != "json"
-        and not getattr(backend, "continues_answers", True)
-    ):
+    if source == "human" and config.questionnaire_read != "json" and not continues_answers(backend):
         raise ValueError(  # said before the turn ratings, not after them
             f"questionnaire_read={config.questionnaire_read} reads each item's digit after the answer's "
             "beginning, which this server cannot continue: set llm.decoding_fields=vllm for a vLLM "
