@@ -1056,6 +1056,7 @@ def test_a_rating_is_judged_at_temperature_0_before_its_scores_and_the_prompt_st
     assert "1 (very poor" in rating_prompt and "5 (excellent" in rating_prompt
 
 
+@pytest.mark.slow  # 4.1 s here
 def test_the_replay_runs_on_an_openai_compatible_server(raw, tmp_path, monkeypatch):
     """eval.converse's replay with llm.backend=openai (a stronger model's way in), against a stand-in
     server on loopback: the judgement comes as a JSON schema answer, each score from the first token's
