@@ -1151,7 +1151,7 @@ class OpenAIBackend:
         ``samples`` sampled answers (``probs_from="samples"``). An option outside the top ones counts as
         probability 0. ``prefix`` (the answer's given beginning) needs ``decoding_fields: vllm``."""
         options = check_options(options)
-        if prefix and self.fields != "vllm":
+        if prefix and not self.continues_answers:
             raise ValueError(
                 "a choice after an answer's beginning needs a server that continues an answer "
                 "(decoding_fields: vllm); read this rating greedy instead"

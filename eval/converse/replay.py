@@ -206,7 +206,7 @@ def replay_check(
     if source == "human" and config.questionnaire_read != "json" and not continues_answers(backend):
         raise ValueError(  # said before the turn ratings, not after them
             f"questionnaire_read={config.questionnaire_read} reads each item's digit after the answer's "
-            "beginning, which this server cannot continue: set llm.decoding_fields=vllm for a vLLM "
+            "beginning, which this backend cannot continue: set llm.decoding_fields=vllm for a vLLM "
             "server, or questionnaire_read=json"
         )
     simulator = UserSimulator(config, backend, rng)
