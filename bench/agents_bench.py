@@ -22,11 +22,14 @@ max_new_tokens, and end in a loop (the same 1-4 tokens 4 times over).
 before: (now) its greedy answers and blend stars from an answer cache that a ``tuned`` run filled, and
 samples drawn only for the tasks whose group's choice in the selection rule uses them; (before) no
 cache, samples for every task. Both build the agent (the blend's stars are asked while it loads) and
-predict the same N tasks with the rule that the suite chose on validation, interleaved (before, now,
+predict the same N tasks with a selection rule chosen on validation, interleaved (before, now,
 now, before); reports the median seconds of each, their ratio and how many predictions are identical
 (stars, review and the greedy answer, which the rule's choice does not use but the cache serves).
 
     python -m bench.agents_bench reuse   # after make demo: its adapter, tasks and rule (about 4 minutes)
+
+The demo runs stats-mbr, not tuned-mbr, so --rule defaults to the rule stats-mbr chose there: both agents
+read the same rule format, and the choice among real reviews does not depend on the agent.
 
 Results go to runs/bench/agents_bench_*.json.
 """
@@ -289,7 +292,12 @@ def main() -> None:
     r.add_argument("--data", type=Path, default=Path("runs/demo/data/amazon"))
     r.add_argument("--tasks", type=Path, default=Path("runs/demo/tasks/amazon"))
     r.add_argument("--adapter", type=Path, default=Path("runs/demo/sft/smollm2_lora"))
-    r.add_argument("--rule", type=Path, default=Path("runs/demo/suite/amazon/validation/tuned-mbr/rule.json"))
+    r.add_argument(
+        "--rule",
+        type=Path,
+        default=Path("runs/demo/suite/amazon/validation/stats-mbr/rule.json"),
+        help="a selection rule (agents.review.select); the demo's stats-mbr chose one on validation",
+    )
     r.add_argument("--n", type=int, default=16, help="tasks")
     r.add_argument("--rounds", type=int, default=2, help="timed runs of each mode")
     for p in (g, c, s, r):
