@@ -108,7 +108,10 @@ def main() -> None:
     build_scorers("offline")  # warm the file cache and the stand-in's disk cache for both sides
 
     results = {}
-    warm_cache = ScoreCache(args.out.parent / "eval_bench_cache.sqlite")
+    cache_path = args.out.parent / "eval_bench_cache.sqlite"
+    for old in (cache_path, *(cache_path.with_name(cache_path.name + end) for end in ("-wal", "-shm"))):
+        old.unlink(missing_ok=True)  # an earlier run's cache holds the predictions' outputs too
+    warm_cache = ScoreCache(cache_path)
     for name in ("ours", "official", "ours_truth_cached"):
         if name == "ours_truth_cached":  # as when an earlier run was scored against the same ground truth
             score_pairs(pairs[2], pairs[3], pairs[2], pairs[3], build_scorers("offline"), warm_cache)

@@ -101,6 +101,8 @@ def run_variant(name: str, pairs_dir: Path, out: Path, steps: int, padding_free:
         str(steps),
         "--eval_strategy",
         "no",
+        "--eval_on_start",
+        "false",
         "--save_strategy",
         "no",
         "--max_length",

@@ -122,6 +122,20 @@ def test_pairs_never_show_a_target_or_anything_newer(amazon_pairs):
         assert not any(text in prompt for text in target_texts if len(text) > 40)
 
 
+@pytest.mark.slow
+def test_a_step_zero_evaluation_in_a_run_without_evaluations_is_refused_by_name(
+    tmp_path, tiny_model, amazon_pairs
+):
+    """eval_on_start with eval_strategy no is refused before the model loads, saying how to fix it, not
+    at step 0 by the Trainer's "evaluation requires an eval_dataset" (what bench.sft_bench hit)."""
+    path = recipe(tmp_path, tiny_model, amazon_pairs, eval_on_start=True)
+    with pytest.raises(
+        SystemExit, match="eval_on_start is true but eval_strategy is no.*--eval_on_start false"
+    ):
+        sft.build_trainer(["--config", str(path)])
+    sft.build_trainer(["--config", str(path), "--eval_on_start", "false"])  # the fix it names runs
+
+
 def test_training_sees_the_renderers_prompt_and_learns_only_completion_plus_eos(
     tmp_path, tiny_model, amazon_pairs
 ):

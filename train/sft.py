@@ -885,12 +885,23 @@ def reentrant_checkpointing_for_zero3(training_args, model_args) -> bool:
     return True
 
 
+def check_evaluation(training_args) -> None:
+    """A run that evaluates at step 0 must evaluate at all: eval_on_start with eval_strategy no has no
+    validation set to read (the Trainer would fail at step 0 saying only that it has no eval_dataset)."""
+    if training_args.eval_on_start and training_args.eval_strategy == "no":
+        raise SystemExit(
+            "error: eval_on_start is true but eval_strategy is no: a run without evaluations has no step-0 "
+            "evaluation. Pass --eval_on_start false, or an eval_strategy of steps or epoch"
+        )
+
+
 def build_trainer(argv: list[str] | None = None, callbacks: list | None = None):
     """Everything up to training: configuration, data, model, trainer (checked). Returns
     (trainer, tokenizer, recipe, training_args, model_args, base, resume)."""
     # -- configuration ---------------------------------------------------------------------------------
     recipe, training_args, model_args = parse(argv)
     check_one_process_sees_one_gpu(training_args)
+    check_evaluation(training_args)
     card = pairs_card(recipe)
     set_max_length(training_args, card, recipe, "max_length" in explicit_keys(argv))
     if card.get("tokenizer") not in (model_args.model_name_or_path, None):
