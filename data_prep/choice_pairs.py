@@ -41,7 +41,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data_prep import fingerprint, movielens
-from data_prep.io import write_atomic
+from data_prep.io import write_atomic, write_card
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
 from data_prep.pairs import percentiles
 from data_prep.prompt import (
@@ -323,12 +323,7 @@ def main(argv: list[str] | None = None, embed=None) -> dict:
         ),
         "provenance": provenance(["transformers", "sentence-transformers"]),
     }
-    write_atomic(args.out / "card.json", json.dumps(card, indent=2))
-    (args.out / "README.md").write_text(
-        "# Sandbox choice pairs\n\n"
-        + "\n".join(f"- **{k}**: `{json.dumps(v)}`" for k, v in card.items())
-        + "\n"
-    )
+    write_card(args.out, "Sandbox choice pairs", card)
     print(f"{card['examples']} examples ({card['users']} users) -> {args.out}; left out {dict(counts)}")
     print(f"tokens (prompt + completion + EOS): {card['token_lengths']}")
     return card

@@ -44,7 +44,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from data_prep import recllmsim
-from data_prep.io import write_atomic
+from data_prep.io import write_atomic, write_card
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
 from data_prep.pairs import percentiles
 from data_prep.prompt import (
@@ -243,12 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
         "data": str(args.data),
         "provenance": provenance(["transformers"]),
     }
-    write_atomic(args.out / "card.json", json.dumps(card, indent=2, ensure_ascii=False))
-    (args.out / "README.md").write_text(
-        "# Conversational simulator training pairs\n\n"
-        + "\n".join(f"- **{k}**: `{json.dumps(v, ensure_ascii=False)}`" for k, v in card.items())
-        + "\n"
-    )
+    write_card(args.out, "Conversational simulator training pairs", card)
     print(f"{card['examples']} examples ({card['personas']} personas) -> {args.out}; {dict(counts)}")
     print(f"token lengths: {card['token_lengths']}")
     return card

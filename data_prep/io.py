@@ -73,6 +73,17 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         os.close(folder)
 
 
+def write_card(out: str | Path, title: str, card: dict) -> None:
+    """A pairs folder's card: card.json (written atomically) and README.md, one line per field under
+    ``title``. The one writer of the training pairs' cards (reviews, sandbox choices, conversations)."""
+    import json
+
+    out = Path(out)
+    write_atomic(out / "card.json", json.dumps(card, indent=2, ensure_ascii=False))
+    fields = "\n".join(f"- **{k}**: `{json.dumps(v, ensure_ascii=False)}`" for k, v in card.items())
+    (out / "README.md").write_text(f"# {title}\n\n{fields}\n", encoding="utf-8")
+
+
 def numbered_lines(path: str | Path, whole: bool = False) -> list[tuple[int, str, object]]:
     """(line number, line, value) for each non-blank line of a JSON-lines file: the one reader of the
     project's run files and inputs. A line that is not JSON is an error naming the file and the line (a

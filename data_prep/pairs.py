@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from data_prep.io import write_atomic
+from data_prep.io import write_atomic, write_card
 from data_prep.offline_models import OFFLINE_SMOLLM2, resolve_model
 from data_prep.prompt import fit_messages, format_completion, render_prompt
 from data_prep.provenance import provenance
@@ -294,10 +294,7 @@ def main(argv: list[str] | None = None) -> dict:
         "than the target; with a temporal task folder (or --before), only targets older than its cutoff",
         "provenance": provenance(["datasets", "transformers"]),
     }
-    write_atomic(args.out / "card.json", json.dumps(card, indent=2))
-    (args.out / "README.md").write_text(
-        "# Training pairs\n\n" + "\n".join(f"- **{k}**: `{json.dumps(v)}`" for k, v in card.items()) + "\n"
-    )
+    write_card(args.out, "Training pairs", card)
     print(f"{card['examples']} examples -> {args.out}; left out or trimmed: {counts}")
     print(f"token lengths: {card['token_lengths']}")
     print(f"the user's reviews each prompt shows (0 / 1 / 2+): {card['prompts']['user_reviews_shown']}")

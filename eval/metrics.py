@@ -155,11 +155,18 @@ def paired_claim(a, b, confidence: float = 0.95) -> dict:
 
 
 def claims_lines(
-    claims: list[dict], columns: dict | None = None, title: str = "claim", after: dict | None = None
+    claims: list[dict],
+    columns: dict | None = None,
+    title: str = "claim",
+    after: dict | None = None,
+    digits: int = 3,
+    interval: str | None = None,
 ) -> list[str]:
     """One markdown table of ``paired_claim`` records, each with its "claim" name: a blank line, the header
     and a row per claim (none without claims). ``title`` heads the name's column. ``columns`` adds cells
-    after the name, ``after`` at the end of the row: header -> a function of the record giving the cell."""
+    after the name, ``after`` at the end of the row: header -> a function of the record giving the cell.
+    ``digits``: decimals of the difference and its interval. ``interval`` heads the interval's column;
+    by default it names the records' Bonferroni level over the table's claims."""
     if not claims:
         return []
     columns, after = columns or {}, after or {}
@@ -168,14 +175,15 @@ def claims_lines(
         title,
         *columns,
         "difference",
-        f"{confidence:.2%} CI (paired BCa, Bonferroni over {len(claims)})",
+        interval or f"{confidence:.2%} CI (paired BCa, Bonferroni over {len(claims)})",
         "resamples > 0",
         *after,
     ]
     lines = ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in claims:
-        cells = [c["claim"], *(cell(c) for cell in columns.values()), f"{c['difference']:+.3f}"]
-        cells += [f"[{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", f"{c['resamples_above_zero']:.1%}"]
+        low, high = c["ci"]
+        cells = [c["claim"], *(cell(c) for cell in columns.values()), f"{c['difference']:+.{digits}f}"]
+        cells += [f"[{low:+.{digits}f}, {high:+.{digits}f}]", f"{c['resamples_above_zero']:.1%}"]
         cells += [cell(c) for cell in after.values()]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

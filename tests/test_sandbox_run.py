@@ -9,7 +9,7 @@ import os
 import pytest
 from sandbox_fakes import Recording, embed
 
-from agents.sandbox.run import intervene, run
+from agents.sandbox.run import intervene, keep_rounds, run
 
 SETTINGS = [
     "recommender.kind=popularity",
@@ -47,6 +47,20 @@ def test_a_stopped_run_resumes_to_the_same_interactions(raw, tmp_path):
     assert summary["totals"]["watches"] > 0 and (stopped / "stats.png").stat().st_size > 0
     rejects = [json.loads(line) for line in lines(stopped / "rejects.jsonl")]
     assert [(r["file"], r["reason"]) for r in rejects] == [("ratings.csv", "unknown_movie")]
+
+
+def test_a_resume_keeps_the_checkpoints_rounds_drops_a_cut_line_and_refuses_a_damaged_one(tmp_path):
+    """keep_rounds drops rounds after the checkpoint and a last line a kill cut off mid-write; a line
+    damaged in the middle is an error naming it, not a shorter file."""
+    path = tmp_path / "interactions.jsonl"
+    rows = [json.dumps({"round": r, "agent": "a"}) for r in (1, 2, 2, 3)]
+    path.write_text("\n".join(rows) + '\n{"round": 3, "ag')
+    keep_rounds(path, 2)
+    assert [json.loads(line)["round"] for line in lines(path)] == [1, 2, 2]
+    path.write_text(rows[0] + "\n{not json\n" + rows[1] + "\n")
+    with pytest.raises(ValueError, match="line 2: not JSON"):
+        keep_rounds(path, 2)
+    assert lines(path)[1] == "{not json"  # nothing was rewritten
 
 
 @pytest.mark.slow

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from conftest import write_lines
 
@@ -130,6 +132,20 @@ def test_appending_after_a_cut_line_starts_a_clean_line(tmp_path):
     with append_to(path) as handle:
         handle.write('{"task_id": 3}\n')
     assert read_jsonl(path) == [{"task_id": 1}, {"task_id": 3}]
+
+
+def test_a_pairs_card_is_written_as_json_and_as_a_readme_naming_each_field(tmp_path):
+    """write_card, the one writer of the three pair builders' cards: the JSON reads back as given
+    (Chinese personas unescaped), and README.md has the title and one line per field."""
+    from data_prep.io import write_card
+
+    card = {"examples": {"train": 3, "validation": 1}, "persona": "喜欢火锅", "options": {"seed": 0}}
+    write_card(tmp_path, "Conversational simulator training pairs", card)
+    assert json.loads((tmp_path / "card.json").read_text(encoding="utf-8")) == card
+    assert "喜欢火锅" in (tmp_path / "card.json").read_text(encoding="utf-8")
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8").splitlines()
+    assert readme[0] == "# Conversational simulator training pairs"
+    assert readme[2:] == [f"- **{k}**: `{json.dumps(v, ensure_ascii=False)}`" for k, v in card.items()]
 
 
 def test_not_user_leaves_out_that_users_reviews_of_the_item(tmp_path):

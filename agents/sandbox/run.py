@@ -60,7 +60,7 @@ from agents.sandbox.profiles import (
 from agents.sandbox.social import generate_graph, load_edges
 from agents.sandbox.world import World
 from data_prep import fingerprint, movielens
-from data_prep.io import append_to, read_jsonl, write_atomic
+from data_prep.io import append_to, read_jsonl, valid_lines, write_atomic
 from data_prep.movielens import day, parse_moment
 from data_prep.provenance import provenance
 
@@ -84,15 +84,10 @@ def keep_checkpoint(out: Path, state: dict) -> None:
 
 
 def keep_rounds(path: Path, last: int) -> None:
-    """Drop lines of rounds after the checkpoint (written before a kill, redone on resume)."""
+    """Drop lines of rounds after the checkpoint (written before a kill, redone on resume), and a last
+    line a kill cut off (valid_lines leaves it out; a line damaged in the middle is an error)."""
     if path.exists():
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                if json.loads(line)["round"] <= last:
-                    kept.append(line)
-            except (json.JSONDecodeError, KeyError, TypeError):
-                pass  # a line cut off by a kill: its round is redone
+        kept = [line for line, row in valid_lines(path) if row["round"] <= last]
         path.write_text("".join(line + "\n" for line in kept))
 
 

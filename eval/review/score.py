@@ -33,7 +33,6 @@ import argparse
 import json
 import sys
 import time
-from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -387,12 +386,9 @@ SAMPLE_ROWS = 50  # predictions shown in the W&B table, in task order
 
 def log_to_wandb(args: argparse.Namespace, results: dict) -> None:
     where = tracking.target(tracking.adapter_of(args.predictions), args.wandb_project, args.wandb_group)
-    rows = []
-    with open(args.out / "samples.jsonl") as f:
-        for line in islice(f, SAMPLE_ROWS):
-            row = json.loads(line)
-            keep = ("task_id", "true_stars", "pred_stars", "true_review", "pred_review", "topic_error")
-            rows.append({k: row[k] for k in keep})
+    keep = ("task_id", "true_stars", "pred_stars", "true_review", "pred_review", "topic_error")
+    samples = read_jsonl(args.out / "samples.jsonl", whole=True)[:SAMPLE_ROWS]
+    rows = [{k: row[k] for k in keep} for row in samples]
     folder = tracking.log_run(
         args.wandb,
         where,

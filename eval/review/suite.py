@@ -53,7 +53,7 @@ from agents.review import simulate
 from agents.review.select import option_name
 from data_prep.paths import REPO_ROOT
 from eval import tracking
-from eval.metrics import paired_bootstrap
+from eval.metrics import claims_lines, paired_bootstrap
 from eval.review import baselines, selection
 from eval.review.score import compare, narrow, per_task_terms
 from eval.review.score import main as evaluate_predictions
@@ -172,23 +172,33 @@ def claims_table(eval_root: Path, names: list[str], plugins: tuple[str, ...] = (
 
     terms = {name: per_task_terms(eval_root / name) for name in names}  # each samples.jsonl once
     plugged = [(p, b, "overall") for p in plugins for b in ("stats", "nearest-centroid", "user-mean")]
-    found = []
+    claims = []
     for a, b, metric in (*CLAIMS, *plugged):
         if a in names and b in names:
             d = paired_bootstrap(terms[a], terms[b], metric)
             below = round(d["resamples"] * (1 - d["share_of_resamples_above_zero"]))
-            found.append((a, b, metric, d, (1 + below) / (d["resamples"] + 1)))
-    adjusted = holm([f[4] for f in found])
-    rows = [
-        "| claim | metric | difference | 95% CI (paired BCa bootstrap) | resamples > 0 | Holm p (one-sided) | n |",
-        "|" + "---|" * 7,
-    ]
-    for (a, b, metric, d, _), p in zip(found, adjusted, strict=True):
-        rows.append(
-            f"| {a} > {b} | {metric} | {d['difference']:+.4f} | [{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}] | "
-            f"{d['share_of_resamples_above_zero']:.1%} | {p:.3f} | {d['n']} |"
-        )
-    return "\n".join(rows)
+            claims.append(
+                {
+                    "claim": f"{a} > {b}",
+                    "metric": metric,
+                    "difference": d["difference"],
+                    "ci": d["ci95"],
+                    "confidence": 0.95,
+                    "resamples_above_zero": d["share_of_resamples_above_zero"],
+                    "n": d["n"],
+                    "p": (1 + below) / (d["resamples"] + 1),
+                }
+            )
+    for claim, p in zip(claims, holm([c["p"] for c in claims]), strict=True):
+        claim["holm_p"] = p
+    lines = claims_lines(
+        claims,
+        {"metric": lambda c: c["metric"]},
+        after={"Holm p (one-sided)": lambda c: f"{c['holm_p']:.3f}", "n": lambda c: str(c["n"])},
+        digits=4,
+        interval="95% CI (paired BCa bootstrap)",
+    )
+    return "\n".join(lines[1:]) if lines else "No claim applies to these runs."
 
 
 def score(
