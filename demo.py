@@ -1,4 +1,4 @@
-"""The main job end to end on the embedded default sample (what `make demo` runs, about 10 minutes on
+"""The main job end to end on the embedded default sample (what `make demo` runs, about 15 minutes on
 2 CPU cores).
 
     python demo.py --shared ../shared/data/raw --out runs/demo
