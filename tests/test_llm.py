@@ -252,3 +252,20 @@ def test_an_answer_is_checked_against_its_constraint():
     )
     schema = Constraint.json_object(say={"type": "string", "minLength": 1})
     assert schema.holds('{"say": "hi"}') and not schema.holds('{"say": ""}')
+
+
+def test_a_schema_is_checked_once_and_every_answer_against_it():
+    """Constraint.parse validates each answer (range, extra keys) with a validator built once per schema;
+    a schema that is itself wrong is still an error, not a pass."""
+    import jsonschema
+
+    from agents.llm import Constraint, schema_validator
+
+    scored = Constraint.json_object(n={"type": "integer", "minimum": 1, "maximum": 5})
+    schema_validator.cache_clear()
+    assert scored.parse('{"n": 3}') == {"n": 3}
+    assert scored.parse('{"n": 9}') is None and scored.parse('{"n": 3, "x": 1}') is None
+    assert schema_validator.cache_info().misses == 1  # one validator for the three answers
+    wrong = Constraint.json({"type": "object", "properties": {"n": {"type": "integer", "minimum": "one"}}})
+    with pytest.raises(jsonschema.SchemaError, match="'one' is not of type 'number'"):
+        wrong.parse('{"n": 1}')
