@@ -122,16 +122,16 @@ def count_usage(answers: list[Answer], counts: Counter) -> None:
 
 
 @lru_cache(maxsize=256)
-def schema_validator(schema: str):
-    """A checked validator for a JSON schema (its text), built once: jsonschema.validate checks the
-    schema itself against its meta-schema on every call, 12 ms an answer, most of a sandbox round's own
-    time (bench.sandbox_bench efficiency)."""
+def schema_validator(constraint: Constraint):
+    """A checked validator for a constraint's JSON schema, built once per constraint (it is frozen, so
+    equal constraints share one): jsonschema.validate checks the schema itself against its meta-schema
+    on every call, 12 ms an answer, most of a sandbox round's own time (bench.sandbox_bench efficiency)."""
     import jsonschema
 
-    loaded = json.loads(schema)
-    cls = jsonschema.validators.validator_for(loaded)
-    cls.check_schema(loaded)
-    return cls(loaded)
+    schema = constraint.json_schema()
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
 
 
 @dataclass(frozen=True)
@@ -237,9 +237,7 @@ class Constraint:
         except (json.JSONDecodeError, TypeError):
             return None
         try:
-            schema_validator(self.schema if self.kind == "json" else json.dumps(self.json_schema())).validate(
-                value
-            )
+            schema_validator(self).validate(value)
         except jsonschema.ValidationError:
             return None
         return value

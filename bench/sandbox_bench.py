@@ -261,9 +261,10 @@ def cocoon(args) -> dict:
     """Exposure entropy over rounds with the trained MF, without and with random injection."""
     if args.backend == "real":
         backend, embed = real_parts(args.config)
+        decide = []
     else:  # the scripted user answers the page step (generate mode); it scores nothing
         backend, embed = FirstItemUser(), lambda texts: hashed_bag_of_words(texts, 64)
-    decide = ["decision.mode=generate"] if args.backend != "real" else []
+        decide = ["decision.mode=generate"]
     runs = {}
     for inject in (0, args.inject):
         overrides = [
